@@ -1,0 +1,41 @@
+"""Shared fixtures: one simulated GKE TPU cluster for the whole session (starting one
+costs tens of seconds on a 2-core machine), with the slices the tests contend for."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+import workbench as wb
+
+SESSION_SLICES = [("v6e", "4x4"), ("v6e", "2x4"), ("v6e", "2x2"), ("v6e", "2x2")]
+
+
+@pytest.fixture(scope="session")
+def sim_cluster():
+    cluster = wb.local_cluster(SESSION_SLICES)
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+@pytest.fixture
+def cluster(sim_cluster):
+    """The session cluster, checked to hold no placement group before and after a test."""
+    assert live_placement_groups() == [], "a previous test left a placement group behind"
+    yield sim_cluster
+    assert live_placement_groups() == [], "this test left a placement group behind"
+
+
+def live_placement_groups() -> list[str]:
+    table = ray.util.placement_group_table()
+    return [pg_id for pg_id, pg in table.items() if pg["state"] != "REMOVED"]
+
+
+def live_actors() -> list[str]:
+    # The GCS actor table: the state API proper needs the dashboard, which the simulated
+    # cluster leaves off to save memory.
+    from ray._private.state import actors
+
+    return [actor_id for actor_id, a in actors().items() if a["State"] != "DEAD"]

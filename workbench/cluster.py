@@ -1,0 +1,373 @@
+"""Where Ray runs: an existing cluster (KubeRay on GKE, ``RAY_ADDRESS``, ``ray://``) or
+an embedded simulated GKE TPU cluster on this machine.
+
+The simulated cluster lives in its own process (:mod:`workbench.simulator`) so that the
+notebook kernel's environment is never touched, and so that it stops when the kernel
+goes away: it watches its stdin, which closes when its owner exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import psutil
+
+from workbench.tpu import parse_shape
+
+log = logging.getLogger(__name__)
+
+
+class ClusterError(RuntimeError):
+    """The Ray cluster could not be started, reached or used."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """What the driver is connected to."""
+
+    address: str
+    node_ip: str | None
+    simulated: bool
+
+
+_connection: Connection | None = None
+
+
+def _check_reachable(host: str, port: int, timeout_s: float) -> None:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return
+    except OSError as error:
+        raise ClusterError(
+            f"Cannot reach a Ray cluster at {host}:{port} ({error.strerror or error}). "
+            "Check the address (KubeRay serves it as <head-service>:6379, or "
+            "ray://<head-service>:10001 for Ray Client), that the cluster is running, "
+            "or use wb.local_cluster() for the embedded simulated slice."
+        ) from None
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    body = address.split("://", 1)[-1]
+    host, sep, port = body.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClusterError(
+            f"Ray address {address!r} is not of the form host:port or ray://host:port. "
+            "Pass the head service address, set RAY_ADDRESS, or use wb.local_cluster()."
+        )
+    return host, int(port)
+
+
+def connect(
+    address: str | None = None, *, node_ip: str | None = None, timeout_s: float = 10.0
+) -> Connection:
+    """Connect this process to a Ray cluster as a driver.
+
+    Args:
+        address: ``host:port`` of a cluster's GCS, or ``ray://host:port`` for Ray Client.
+            Defaults to the ``RAY_ADDRESS`` environment variable.
+        node_ip: the address this driver is known by; only needed for clusters bound to
+            an unusual loopback address such as the simulated one.
+        timeout_s: how long to wait for the address to answer before giving up.
+
+    Returns:
+        The connection. Connecting again to the same address is a no-op.
+
+    Raises:
+        ClusterError: no address was given, it is malformed or it does not answer, or the
+            process is already connected to a different cluster.
+    """
+    global _connection
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise ClusterError(
+            "No Ray cluster address: pass address='host:port' (or 'ray://host:10001'), "
+            "set RAY_ADDRESS, or start the embedded simulated cluster with "
+            "wb.local_cluster()."
+        )
+    if ray.is_initialized():
+        if _connection is not None and _connection.address == address:
+            return _connection
+        raise ClusterError(
+            f"This process is already connected to a Ray cluster "
+            f"({_connection.address if _connection else 'started elsewhere'}); asked for "
+            f"{address}. Call wb.disconnect() first."
+        )
+    host, port = _split_address(address)
+    _check_reachable(host, port, timeout_s)
+    kwargs: dict = {"logging_level": logging.WARNING, "log_to_driver": False}
+    if node_ip:
+        kwargs["_node_ip_address"] = node_ip
+    ray.init(address=address, **kwargs)
+    _connection = Connection(address=address, node_ip=node_ip, simulated=False)
+    return _connection
+
+
+def disconnect() -> None:
+    """Disconnect the driver; placement groups it created are removed by Ray."""
+    global _connection
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    _connection = None
+
+
+def connection() -> Connection | None:
+    return _connection
+
+
+class LocalCluster:
+    """A simulated GKE TPU cluster on this machine; see :func:`local_cluster`.
+
+    Each simulated TPU host is a separate Ray node (raylet, object store, workers) with
+    ``TPU: <chips per host>``, the slice-name resource, ``TPU-<pod type>-head`` on worker
+    0, the ``ray.io/tpu-*`` labels and the ``TPU_*`` variables in its processes.
+    """
+
+    def __init__(
+        self,
+        slices: Sequence[tuple[str, str]],
+        *,
+        head_cpus: int = 2,
+        cpus_per_chip: int = 4,
+        object_store_mib: int = 80,
+        timeout_s: float = 180.0,
+    ) -> None:
+        shapes = [parse_shape(g, t) for g, t in slices]  # refuse bad shapes before starting
+        self.temp_dir = tempfile.mkdtemp(prefix="wb-")
+        spec = {
+            "temp_dir": self.temp_dir,
+            "head_cpus": head_cpus,
+            "cpus_per_chip": cpus_per_chip,
+            "object_store_bytes": object_store_mib * 1024**2,
+            "slices": [(s.generation.name, s.topology) for s in shapes],
+        }
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "RAY_ADDRESS"))}
+        # Own session: the simulated cluster's processes never receive the kernel's
+        # Ctrl-C, and stopping it can signal the whole group.
+        with open(os.path.join(self.temp_dir, "simulator.log"), "w") as log_file:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "workbench.simulator", json.dumps(spec)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                text=True,
+                env=env,
+                start_new_session=True,
+            )
+        self._lock = threading.Lock()
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _stop_simulator, self._process, self.temp_dir)
+        ready = self._read_reply(timeout_s)
+        if not ready.get("ok"):
+            self.shutdown()
+            raise ClusterError(
+                f"The simulated cluster failed to start: {ready.get('error')}. "
+                f"Its log is in {self.temp_dir}/simulator.log."
+            )
+        self.address: str = ready["address"]
+        self.node_ip: str = ready["node_ip"]
+        self.slice_names: list[str] = [s["slice"] for s in ready["slices"]]
+
+    def _read_reply(self, timeout_s: float) -> dict:
+        result: dict = {}
+
+        def read() -> None:
+            line = self._process.stdout.readline()
+            result.update(json.loads(line) if line else {"ok": False, "error": "exited"})
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        if reader.is_alive():
+            return {"ok": False, "error": f"no answer within {timeout_s:.0f} s"}
+        return result
+
+    def _command(self, timeout_s: float = 120.0, **command) -> dict:
+        with self._lock:
+            if self._closed:
+                raise ClusterError("The simulated cluster has been shut down.")
+            self._process.stdin.write(json.dumps(command) + "\n")
+            self._process.stdin.flush()
+            reply = self._read_reply(timeout_s)
+        if not reply.get("ok"):
+            raise ClusterError(f"Simulated cluster refused {command['op']}: {reply.get('error')}")
+        return reply
+
+    def add_slice(self, generation: str, topology: str) -> str:
+        """Add the hosts of one more slice; returns the new slice's name."""
+        shape = parse_shape(generation, topology)
+        reply = self._command(
+            op="add_slice", generation=shape.generation.name, topology=shape.topology
+        )
+        self.slice_names.append(reply["slice"])
+        return reply["slice"]
+
+    def remove_host(self, slice_name: str, worker_id: int) -> None:
+        """Kill one simulated host abruptly, as a preempted TPU VM would vanish."""
+        self._command(op="remove_host", slice=slice_name, worker_id=worker_id)
+
+    def add_host(self, slice_name: str, worker_id: int) -> None:
+        """Start a replacement for a lost host of an existing slice."""
+        self._command(op="add_host", slice=slice_name, worker_id=worker_id)
+
+    def connect(self) -> Connection:
+        """Make this process a driver of the simulated cluster."""
+        global _connection
+        conn = connect(self.address, node_ip=self.node_ip)
+        _connection = Connection(conn.address, conn.node_ip, simulated=True)
+        return _connection
+
+    def process_ids(self) -> set[int]:
+        """Every live process of the cluster (simulator, Ray daemons and workers)."""
+        return _cluster_processes(self._process.pid, self.temp_dir)
+
+    def shutdown(self) -> None:
+        """Disconnect (if connected here) and stop every process of the cluster. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if _connection is not None and _connection.address == getattr(self, "address", None):
+            disconnect()
+        self._finalizer()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._closed else self.address
+        return f"LocalCluster({state}, slices={self.slice_names})"
+
+
+def _cluster_processes(simulator_pid: int, temp_dir: str) -> set[int]:
+    found = set()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or ())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if proc.info["pid"] == simulator_pid or temp_dir in cmdline:
+            found.add(proc.info["pid"])
+    with contextlib.suppress(psutil.NoSuchProcess):
+        found.update(c.pid for c in psutil.Process(simulator_pid).children(recursive=True))
+    return found
+
+
+def _stop_simulator(process: subprocess.Popen, temp_dir: str, grace_s: float = 20.0) -> None:
+    leftovers = _cluster_processes(process.pid, temp_dir)
+    if process.poll() is None:
+        try:
+            process.stdin.write(json.dumps({"op": "shutdown"}) + "\n")
+            process.stdin.close()
+        except (BrokenPipeError, ValueError, OSError):
+            pass
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(process.pid, signal.SIGKILL)
+    # Ray workers that outlive their raylet by a moment, and anything the graceful path
+    # missed, are found by the session directory on their command lines.
+    leftovers |= _cluster_processes(process.pid, temp_dir)
+    _kill(leftovers - {os.getpid()})
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _kill(pids: Iterable[int], timeout_s: float = 5.0) -> None:
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=timeout_s)
+
+
+_open_clusters: weakref.WeakSet[LocalCluster] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_open_clusters() -> None:
+    for cluster in list(_open_clusters):
+        cluster.shutdown()
+
+
+def local_cluster(
+    slices: Sequence[tuple[str, str]] = (("v6e", "2x2"),),
+    *,
+    connect: bool = True,
+    head_cpus: int = 2,
+    cpus_per_chip: int = 4,
+    timeout_s: float = 180.0,
+) -> LocalCluster:
+    """Start the embedded simulated GKE TPU cluster and (by default) connect to it.
+
+    Args:
+        slices: the slices to create, as (generation, topology) pairs; several pairs (even
+            of the same shape) give several slices, for contention.
+        connect: connect this process as the cluster's driver.
+        head_cpus: logical CPUs of the head node (for helper actors that need no TPU).
+        cpus_per_chip: logical CPUs each simulated host offers per chip; a real v6e host
+            has dozens, and each chip's learner and rollout actors need some.
+        timeout_s: deadline for the whole cluster to come up.
+
+    Returns:
+        The running cluster; ``shutdown()`` (or leaving a ``with`` block, or interpreter
+        exit) stops every process it started.
+
+    Raises:
+        CatalogError: a slice shape the catalog refuses (nothing is started).
+        ClusterError: the cluster did not come up in time.
+    """
+    cluster = LocalCluster(
+        slices, head_cpus=head_cpus, cpus_per_chip=cpus_per_chip, timeout_s=timeout_s
+    )
+    _open_clusters.add(cluster)
+    if connect:
+        try:
+            cluster.connect()
+        except Exception:
+            cluster.shutdown()
+            raise
+    return cluster
+
+
+def wait_for(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:
+    """Poll ``predicate`` until it is true or the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return bool(predicate())
