@@ -58,22 +58,87 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if any(f.level == "error" for f in findings) else 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from workbench.cluster import local_cluster
-    from workbench.placement import probe_chips
+def _run_training(args: argparse.Namespace, config) -> dict:
+    """Reserve the slice (starting a simulated cluster if no address is known), train
+    with a progress bar, release, and return the result record."""
+    import contextlib
+    import os
+
+    from tqdm import tqdm
+
+    from workbench.cluster import connect, local_cluster
+    from workbench.engine import train
     from workbench.slice import reserve
 
+    cpus_per_chip = 1 + config.rollout_actors_per_chip
+    with contextlib.ExitStack() as stack:
+        address = getattr(args, "address", None) or os.environ.get("RAY_ADDRESS")
+        if address:
+            connect(address)
+        else:
+            print(f"Starting a simulated cluster with one {args.generation} {args.topology} "
+                  "slice...", file=sys.stderr)
+            stack.enter_context(local_cluster([(args.generation, args.topology)]))
+        tpu_slice = stack.enter_context(
+            reserve(args.generation, args.topology, timeout_s=args.reserve_timeout,
+                    cpus_per_chip=cpus_per_chip)
+        )
+        print(tpu_slice.layout(), file=sys.stderr)
+        bar = stack.enter_context(
+            tqdm(total=config.total_env_steps, unit="step", unit_scale=True, file=sys.stderr)
+        )
+
+        def progress(row: dict) -> None:
+            bar.update(row["steps_this_update"])
+            recent = row["mean_return_100"] or row["mean_return_this_update"] or 0.0
+            bar.set_postfix(ret=f"{recent:.0f}", sps=f"{row['env_steps_per_s'] or 0:.0f}")
+
+        result = train(tpu_slice, config, on_update=progress)
+    return result.to_json()
+
+
+def _train_config(args: argparse.Namespace):
+    from workbench.engine import TrainConfig
+
+    return TrainConfig(
+        env=args.env,
+        total_env_steps=args.total_env_steps,
+        seed=args.seed,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        stop_at_target=args.stop_at_target,
+    )
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    if args.algo != "ppo":
+        raise ValueError(f"Unknown algorithm {args.algo!r}; available: ppo.")
+    config = _train_config(args)
+    config.validate()
+    record = _run_training(args, config)
+    summary = {k: v for k, v in record.items() if k != "curve"}
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(record, out, indent=1)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from workbench.engine import TrainConfig
+
     started = time.monotonic()
-    print(f"Starting a simulated cluster with one {args.generation} {args.topology} slice...")
-    with local_cluster([(args.generation, args.topology)]) as cluster:
-        print(f"  up in {time.monotonic() - started:.1f} s at {cluster.address}")
-        with reserve(args.generation, args.topology, timeout_s=60) as tpu_slice:
-            print(tpu_slice.layout())
-            for report in probe_chips(tpu_slice):
-                print(f"  chip {report.rank}: host {report.host}, "
-                      f"TPU_VISIBLE_CHIPS={report.visible_chips}, slice {report.tpu_name}")
-        print("Released the slice; stopping the cluster.")
-    print(f"Done in {time.monotonic() - started:.1f} s.")
+    config = TrainConfig(total_env_steps=args.total_env_steps, seed=args.seed,
+                         stop_at_target=True)
+    record = _run_training(args, config)
+    print(
+        f"PPO on {record['env']} over a simulated {record['generation']} {record['topology']} "
+        f"slice ({record['chips']} learners on {record['hosts']} host(s)): greedy return "
+        f"{record['final_return']:.1f} after {record['env_steps']} env steps; "
+        f"training-target time {record['time_to_train_target_s']} s, "
+        f"start-up {record['startup_s']:.1f} s, all done in {time.monotonic() - started:.0f} s."
+    )
     return 0
 
 
@@ -95,10 +160,29 @@ def build_parser() -> argparse.ArgumentParser:
                         help="check a freshly started simulated cluster instead")
     doctor.set_defaults(func=cmd_doctor)
 
-    demo = sub.add_parser("demo", help="the embedded simulated slice, end to end")
+    demo = sub.add_parser("demo", help="PPO on CartPole on an embedded simulated slice")
     demo.add_argument("--generation", default="v6e")
     demo.add_argument("--topology", default="2x2")
+    demo.add_argument("--total-env-steps", type=int, default=500_000)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--reserve-timeout", type=float, default=60.0)
     demo.set_defaults(func=cmd_demo)
+
+    run = sub.add_parser("train", help="train on a reserved slice (simulated if no address)")
+    run.add_argument("--generation", default="v6e")
+    run.add_argument("--topology", default="2x2")
+    run.add_argument("--env", default="CartPole-v1")
+    run.add_argument("--algo", default="ppo")
+    run.add_argument("--total-env-steps", type=int, default=500_000)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--json", help="write the result record here")
+    run.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else simulated)")
+    run.add_argument("--checkpoint-dir")
+    run.add_argument("--checkpoint-every", type=int, default=0)
+    run.add_argument("--resume", action="store_true")
+    run.add_argument("--stop-at-target", action="store_true")
+    run.add_argument("--reserve-timeout", type=float, default=60.0)
+    run.set_defaults(func=cmd_train)
     return parser
 
 
@@ -107,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     try:
         return args.func(args)
-    except CatalogError as error:
+    except (CatalogError, ValueError) as error:
         print(f"workbench: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

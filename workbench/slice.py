@@ -180,11 +180,18 @@ class Slice:
 
     def release(self) -> None:
         """Give the slice back. Idempotent."""
+        import ray
+
         if self._released:
             return
         self._released = True
         _held.discard(self)
-        self._finalizer()
+        if ray.is_initialized():
+            self._finalizer()
+        else:
+            # Disconnected (or the cluster is gone): Ray already removed the placement
+            # group with the driver's job; calling into Ray now would start a new instance.
+            self._finalizer.detach()
 
     def __enter__(self) -> Slice:
         return self

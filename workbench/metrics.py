@@ -1,0 +1,113 @@
+"""Aggregating per-chip update records into one training curve, and the two targets.
+
+Pure bookkeeping, no Ray: the metrics board actor holds a ``MetricsLog``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+WINDOW = 100
+
+
+@dataclass(frozen=True)
+class UpdateRecord:
+    """What one chip reports after one update."""
+
+    update: int
+    rank: int
+    time: float
+    env_steps: int
+    """Env steps of the whole run so far, over all chips."""
+    steps: int
+    """Env steps this update added, over all chips."""
+    episode_returns: list[float]
+    step_s: float
+    metrics: dict[str, float]
+    policy_versions: list[int] = field(default_factory=list)
+
+
+def rolling_mean(returns: list[float] | deque, window: int = WINDOW) -> float | None:
+    """Mean of the last ``window`` returns, or None until that many episodes finished."""
+    if len(returns) < window:
+        return None
+    return float(np.mean(list(returns)[-window:]))
+
+
+class MetricsLog:
+    """Joins every chip's record of an update into one row, in update order."""
+
+    def __init__(self, num_chips: int, target_return: float) -> None:
+        self.num_chips = num_chips
+        self.target = target_return
+        self.pending: dict[int, dict[int, UpdateRecord]] = {}
+        self.rows: list[dict] = []
+        self.recent: deque = deque(maxlen=WINDOW)
+        self.episodes = 0
+        self.train_target: dict | None = None
+        self.evals: list[dict] = []
+        self.eval_target: dict | None = None
+
+    def add(self, record: UpdateRecord) -> None:
+        self.pending.setdefault(record.update, {})[record.rank] = record
+        while True:
+            next_update = (self.rows[-1]["update"] + 1) if self.rows else min(self.pending)
+            parts = self.pending.get(next_update)
+            if parts is None or len(parts) < self.num_chips:
+                return
+            del self.pending[next_update]
+            self._close(next_update, [parts[r] for r in sorted(parts)])
+
+    def _close(self, update: int, parts: list[UpdateRecord]) -> None:
+        finished = [r for p in parts for r in p.episode_returns]  # rank order: reproducible
+        self.recent.extend(finished)
+        self.episodes += len(finished)
+        now = max(p.time for p in parts)
+        previous = self.rows[-1] if self.rows else None
+        steps = parts[0].env_steps
+        steps_this = parts[0].steps
+        row = {
+            "update": update,
+            "time": now,
+            "env_steps": steps,
+            "steps_this_update": steps_this,
+            "episodes": self.episodes,
+            "episodes_this_update": len(finished),
+            "mean_return_this_update": float(np.mean(finished)) if finished else None,
+            "mean_return_100": rolling_mean(self.recent),
+            "env_steps_per_s": (
+                steps_this / (now - previous["time"]) if previous and now > previous["time"]
+                else None
+            ),
+            "chip_step_s": [p.step_s for p in parts],
+            **parts[0].metrics,
+        }
+        self.rows.append(row)
+        if (
+            self.train_target is None
+            and row["mean_return_100"] is not None
+            and row["mean_return_100"] >= self.target
+        ):
+            self.train_target = row
+
+    def add_eval(self, update: int, env_steps: int, mean_return: float, time: float) -> None:
+        entry = {"update": update, "env_steps": env_steps, "mean_return": mean_return,
+                 "time": time}
+        self.evals.append(entry)
+        if self.eval_target is None and mean_return >= self.target:
+            self.eval_target = entry
+
+    def snapshot(self, since: int = 0) -> dict:
+        return {
+            "updates": [r for r in self.rows if r["update"] > since],
+            "evals": list(self.evals),
+            "train_target_update": self.train_target["update"] if self.train_target else None,
+            "train_target_time": self.train_target["time"] if self.train_target else None,
+            "train_target_env_steps": (
+                self.train_target["env_steps"] if self.train_target else None
+            ),
+            "eval_target_time": self.eval_target["time"] if self.eval_target else None,
+        }
