@@ -1,0 +1,52 @@
+"""`workbench doctor` against the simulated cluster, and the catalog on the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from workbench.doctor import check_driver_tpu, check_widgets, run_checks
+
+
+def test_doctor_reports_versions_and_every_slice(cluster):
+    findings = run_checks()
+    text = "\n".join(str(f) for f in findings)
+    assert all(f.level == "ok" for f in findings), text
+    assert "reachable" in text and "Ray 2." in text
+    assert text.count("Slice sim-v6e-4-") == 2 and "sim-v6e-16-0 (v6e 4x4" in text
+
+
+def test_doctor_says_this_process_holds_no_tpu_and_widgets_are_installed():
+    assert check_driver_tpu()[0].level == "ok"
+    assert check_widgets()[0].level == "ok"
+
+
+def _workbench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workbench.cli", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_topologies_table_and_json():
+    table = _workbench("topologies", "--generation", "v6e")
+    assert table.returncode == 0
+    row = next(line for line in table.stdout.splitlines() if line.startswith("v6e  4x4"))
+    assert row.split()[:5] == ["v6e", "4x4", "v6e-16", "16", "4"]
+    assert "tpu-v6e-slice" in row
+    shapes = json.loads(_workbench("topologies", "--json").stdout)
+    assert {s["generation"] for s in shapes} == {"v4", "v5e", "v5p", "v6e", "v7x"}
+
+
+def test_bad_generation_on_the_command_line_is_one_clear_line():
+    result = _workbench("topologies", "--generation", "v9")
+    assert result.returncode == 2
+    assert "Unknown TPU generation 'v9'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_doctor_without_any_address_says_what_to_do(monkeypatch):
+    env_free = subprocess.run(
+        [sys.executable, "-m", "workbench.cli", "doctor"], capture_output=True, text=True,
+        timeout=120, env={k: v for k, v in __import__("os").environ.items() if k != "RAY_ADDRESS"},
+    )
+    assert env_free.returncode == 1
+    assert "No Ray cluster address" in env_free.stdout and "local_cluster" in env_free.stdout
