@@ -79,7 +79,7 @@ def test_same_seed_same_curve_and_resume_continues_exactly(first_run, cluster, t
     assert set(resumed.chip_state_digests) == {result.chip_state_digests[0]}
 
 
-def test_a_loss_defined_in_a_notebook_cell_trains(cluster):
+def test_a_loss_defined_in_a_notebook_cell_trains_with_per_minibatch_all_reduce(cluster):
     def ppo_with_value_clip(params, apply_fn, batch, config):
         loss, metrics = ppo_loss(params, apply_fn, batch, config)
         extra = 0.01 * jnp.mean(jnp.square(apply_fn(params, batch.obs)[1]))
@@ -87,10 +87,12 @@ def test_a_loss_defined_in_a_notebook_cell_trains(cluster):
 
     small = dict(SMALL, total_env_steps=2 * 1024, eval_every=0)
     with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-        result = train(tpu_slice, TrainConfig(seed=1, ppo=PPOConfig(), **small),
-                       loss_fn=ppo_with_value_clip)
+        result = train(tpu_slice, TrainConfig(seed=1, ppo=PPOConfig(), sync="gradients",
+                                              **small), loss_fn=ppo_with_value_clip)
     assert result.algo == "ppo_with_value_clip"
     assert all("value_penalty" in row for row in result.curve)
+    # The other way of keeping chips equal: an all-reduce of gradients per minibatch.
+    assert len(set(result.chip_state_digests)) == 1
 
 
 @pytest.mark.parametrize(

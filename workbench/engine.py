@@ -56,6 +56,10 @@ class TrainConfig:
     """Updates between checkpoints (a final one is always written when a dir is set)."""
     resume: bool = False
     """Continue from the latest checkpoint in ``checkpoint_dir``."""
+    sync: str = "auto"
+    """How chips stay equal: ``"gradients"`` (an all-reduce per minibatch), ``"batch"``
+    (gather the batch once per update, identical steps on every chip), or ``"auto"``:
+    ``batch`` for CPU learners (the simulated slice), ``gradients`` on TPUs."""
 
     @property
     def steps_per_update(self) -> int:
@@ -80,6 +84,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a whole number >= 0, got {value!r}.")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume=True needs checkpoint_dir: the run to continue from.")
+        if self.sync not in ("auto", "gradients", "batch"):
+            raise ValueError(f"sync must be 'auto', 'gradients' or 'batch', got {self.sync!r}.")
         if self.ppo.num_minibatches <= 0 or self.ppo.num_epochs <= 0:
             raise ValueError("ppo.num_minibatches and ppo.num_epochs must be positive.")
 
@@ -154,7 +160,7 @@ class ChipLearnerActor:
         import jax
 
         from workbench import checkpoint
-        from workbench.learner import Learner
+        from workbench.learner import Learner, current_platform
         from workbench.rollout import env_spaces
 
         self.config = config
@@ -162,7 +168,10 @@ class ChipLearnerActor:
         self.board = board
         obs, num_actions = env_spaces(config.env)
         self.num_updates = config.num_updates(self.num_chips)
-        self.learner = Learner(obs, num_actions, config.ppo, self.num_updates, config.seed, loss_fn)
+        gather = config.sync == "batch" or (config.sync == "auto" and current_platform() == "cpu")
+        self.learner = Learner(
+            obs, num_actions, config.ppo, self.num_updates, config.seed, loss_fn, gather
+        )
         self.start_update = 0
         self.env_steps = 0
         if config.resume:

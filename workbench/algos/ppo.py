@@ -23,7 +23,7 @@ from jax.flatten_util import ravel_pytree
 class PPOConfig:
     """What PPO learns with; where it runs is configured elsewhere."""
 
-    learning_rate: float = 1e-3
+    learning_rate: float = 5e-4
     """Adam step size (linearly annealed to 0 over the run when ``anneal_lr``)."""
     anneal_lr: bool = True
     """Decay the learning rate linearly to zero over ``num_updates``."""
@@ -41,8 +41,8 @@ class PPOConfig:
     """Global gradient-norm clip."""
     num_epochs: int = 4
     """Passes over each batch."""
-    num_minibatches: int = 2
-    """Minibatches per epoch (per chip); each costs one cross-chip gradient mean."""
+    num_minibatches: int = 16
+    """Minibatches per epoch; the global minibatch is the global batch over this."""
     normalize_advantages: bool = True
     """Standardise advantages within each minibatch."""
     hidden_sizes: tuple[int, ...] = (64, 64)
@@ -219,8 +219,21 @@ def make_update(
     config: PPOConfig,
     loss_fn: LossFn = ppo_loss,
     axis_name: str | None = None,
+    gather_batch: bool = False,
 ) -> Callable[[LearnerState, Trajectory, jax.Array], tuple[LearnerState, dict]]:
     """Build one PPO update: GAE, then epochs of shuffled minibatch gradient steps.
+
+    Across chips (``axis_name`` set) there are two exact ways to keep every chip's
+    parameters equal, differing only in what crosses the interconnect:
+
+    - ``gather_batch=False``: each chip steps through minibatches of its own data and the
+      gradient is averaged over chips at every minibatch (one all-reduce each). Compute
+      scales with chips; right when a collective costs microseconds (ICI).
+    - ``gather_batch=True``: the trajectories of all chips are gathered once per update and
+      every chip runs the same minibatch steps over the whole batch (same shuffle key), so
+      each gradient is the global-minibatch gradient with no further collective. Right
+      when a collective costs milliseconds and the network is small, as with CPU
+      processes sharing a few cores.
 
     Args:
         network: the flax module whose ``apply`` gives ``(logits, values)``.
@@ -228,15 +241,18 @@ def make_update(
         config: PPO hyperparameters.
         loss_fn: ``loss_fn(params, apply_fn, batch, config) -> (loss, metrics)``; swap in
             your own to change the algorithm.
-        axis_name: mesh axis to average gradients and metrics over, or ``None`` for one chip.
+        axis_name: mesh axis the chips form, or ``None`` for one chip.
+        gather_batch: see above; only meaningful with ``axis_name``.
 
     Returns:
-        ``update(state, trajectory, key) -> (state, metrics)``, pure and jittable.
+        ``update(state, trajectory, key) -> (state, metrics)``, pure and jittable. With
+        ``gather_batch`` the key must be the same on every chip; otherwise it may differ.
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    gather = bool(axis_name) and gather_batch
 
     def mean_over_chips(tree):
-        if not axis_name:
+        if not axis_name or gather:
             return tree
         # One all-reduce of a flat vector: across hosts each collective costs a network
         # round trip, so a per-leaf mean would multiply the latency by the leaf count.
@@ -244,6 +260,13 @@ def make_update(
         return unravel(jax.lax.pmean(flat, axis_name))
 
     def update(state: LearnerState, trajectory: Trajectory, key: jax.Array):
+        if gather:
+            # NOTE: the one collective of the update; afterwards every chip holds the
+            # whole batch, in the same order, and computes the same steps.
+            trajectory = Trajectory(
+                *[jax.lax.all_gather(x, axis_name, axis=1, tiled=True) for x in trajectory[:8]],
+                last_value=jax.lax.all_gather(trajectory.last_value, axis_name, tiled=True),
+            )
         advantages, returns = gae(
             trajectory.rewards,
             trajectory.values,
