@@ -50,7 +50,9 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,7 @@ WINDOW = 100
 EVAL_EPISODES = 20
 EVAL_SEED_OFFSET = 999_983
 EPISODE_RETURNS_KEY = "bench_episode_returns"
+EXIT_STARTUP_FAILED = 75
 GOAL_TRAIN_TARGET_SPEEDUP = 10.0
 GOAL_THROUGHPUT_RATIO = 20.0
 GOAL_WORKBENCH_COLD_START_S = 20.0
@@ -136,13 +139,13 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def run_worker(kind: str, seed: int, options: list[str], timeout_s: float,
-               log_dir: Path) -> Record:
-    """Run one side for one seed in a subprocess; its record plus process-tree figures."""
-    out = log_dir / f"{kind}-seed{seed}.json"
-    log_path = log_dir / f"{kind}-seed{seed}.log"
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", kind,
-               "--seed", str(seed), "--out", str(out), *options]
+def run_attempt(command: list[str], timeout_s: float, log_path: Path
+                ) -> tuple[int | None, TreeSampler, int]:
+    """Run one worker subprocess to the end (or the deadline) while sampling its tree.
+
+    Returns its exit code (``None`` on timeout), the sampler, and how many of its processes
+    outlived it and were killed.
+    """
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
                                 env=worker_env(), stdin=subprocess.DEVNULL)
@@ -154,18 +157,53 @@ def run_worker(kind: str, seed: int, options: list[str], timeout_s: float,
                 kill_processes(sampler.tree())
         leftovers = sampler.survivors()
         kill_processes(leftovers)
+    return returncode, sampler, len(leftovers)
+
+
+def run_worker(kind: str, seed: int, options: list[str], timeout_s: float, log_dir: Path,
+               startup_retries: int) -> Record:
+    """Run one side for one seed in a subprocess; its record plus process-tree figures.
+
+    A run whose Ray instance or cluster failed to come up is started again from scratch,
+    at most ``startup_retries`` times; the count is in the record.
+    """
+    out = log_dir / f"{kind}-seed{seed}.json"
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", kind,
+               "--seed", str(seed), "--out", str(out), *options]
+    for attempt in range(1, startup_retries + 2):
+        log_path = log_dir / f"{kind}-seed{seed}-attempt{attempt}.log"
+        returncode, sampler, leftovers = run_attempt(command, timeout_s, log_path)
+        if returncode != EXIT_STARTUP_FAILED:
+            break
     record: Record = json.loads(out.read_text()) if out.exists() else {}
     if returncode != 0 or not record:
         tail = log_path.read_text()[-3000:]
         record["error"] = f"worker exited with {returncode}; log {log_path}:\n{tail}"
     record.update(
         seed=seed,
+        startup_attempts=attempt,
         peak_rss_mib=round(sampler.peak_rss_bytes / 2**20, 1),
         peak_processes=sampler.peak_processes,
         rss_samples=sampler.samples,
-        leftover_processes_killed=len(leftovers),
+        leftover_processes_killed=leftovers,
     )
     return record
+
+
+@contextlib.contextmanager
+def startup_phase(cleanup: Callable[[], None] | None = None) -> Iterator[None]:
+    """Exit with ``EXIT_STARTUP_FAILED`` if Ray or the cluster does not come up, so that
+    the parent can start the run again (on a loaded machine Ray's own start-up deadlines,
+    such as the raylet's wait for its agents, can pass). The parent kills what is left of
+    the process tree."""
+    try:
+        yield
+    except Exception:
+        traceback.print_exc()
+        if cleanup is not None:
+            cleanup()
+        sys.stdout.flush()
+        os._exit(EXIT_STARTUP_FAILED)
 
 
 # Shared by both workers.
@@ -329,16 +367,18 @@ def rllib_loop(algo: Any, seed: int, max_env_steps: int, eval_every: int) -> Rec
 def rllib_worker(seed: int, max_env_steps: int, eval_every: int) -> Record:
     import ray
 
+    config = rllib_config(seed)  # imports RLlib and torch before the clock starts
     imports_s = process_age_s()
     temp_dir = tempfile.mkdtemp(prefix="bench-rllib-")
     started = time.monotonic()
     # "local" always starts a new instance (never RAY_ADDRESS or a running cluster); the
     # private temp dir keeps it out of /tmp/ray, where other clusters' sessions live.
-    ray.init(address="local", include_dashboard=False, num_cpus=2, _temp_dir=temp_dir,
-             log_to_driver=False, logging_level="WARNING")
+    with startup_phase(lambda: shutil.rmtree(temp_dir, ignore_errors=True)):
+        ray.init(address="local", include_dashboard=False, num_cpus=2, _temp_dir=temp_dir,
+                 log_to_driver=False, logging_level="WARNING")
     try:
         ray_init_s = time.monotonic() - started
-        algo = rllib_config(seed).build_algo()
+        algo = config.build_algo()
         cold_start_s = time.monotonic() - started
         try:
             outside = processes_outside_tree(ray_session_pids(temp_dir))
@@ -371,7 +411,8 @@ def workbench_worker(seed: int, total_env_steps: int) -> Record:
 
     imports_s = process_age_s()
     started = time.monotonic()
-    cluster = wb.local_cluster([("v6e", "2x2")])
+    with startup_phase():
+        cluster = wb.local_cluster([("v6e", "2x2")])
     cluster_start_s = time.monotonic() - started
     outside: set[int] = set()
 
@@ -502,10 +543,10 @@ def run_benchmark(args: argparse.Namespace) -> Record:
             "rllib", seed,
             ["--rllib-max-env-steps", str(args.rllib_max_env_steps),
              "--rllib-eval-every", str(args.rllib_eval_every)],
-            args.worker_timeout_s, log_dir))
+            args.worker_timeout_s, log_dir, args.startup_retries))
         workbench.append(run_worker(
             "workbench", seed, ["--workbench-env-steps", str(args.workbench_env_steps)],
-            args.worker_timeout_s, log_dir))
+            args.worker_timeout_s, log_dir, args.startup_retries))
     if not args.keep_curves:
         for record in rllib + workbench:
             record.pop("curve", None)
@@ -541,6 +582,8 @@ def main() -> None:
                         help="the workbench's total_env_steps budget")
     parser.add_argument("--worker-timeout-s", type=float, default=3600.0,
                         help="deadline for one side's run of one seed")
+    parser.add_argument("--startup-retries", type=int, default=2,
+                        help="new tries for a run whose Ray instance or cluster did not come up")
     parser.add_argument("--keep-curves", action="store_true",
                         help="keep each run's per-iteration/per-update curve in the output")
     parser.add_argument("--worker", choices=("rllib", "workbench"), help=argparse.SUPPRESS)

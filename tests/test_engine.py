@@ -15,8 +15,8 @@ from workbench.algos.ppo import PPOConfig, ppo_loss
 from workbench.engine import TrainConfig, train
 from workbench.learner import tpu_process_environment
 
-# 4 chips x 1 actor x 8 envs x 32 steps = 1024 env steps per update: 3 updates.
-SMALL = dict(total_env_steps=3 * 1024, envs_per_actor=8, rollout_length=32, eval_every=1,
+# 4 chips x 8 envs x 32 steps = 1024 env steps per update: 3 updates.
+SMALL = dict(total_env_steps=3 * 1024, envs_per_chip=8, rollout_length=32, eval_every=1,
              eval_episodes=4)
 
 
@@ -99,10 +99,10 @@ def test_a_loss_defined_in_a_notebook_cell_trains_with_per_minibatch_all_reduce(
     "config, match",
     [(TrainConfig(total_env_steps=0), "total_env_steps"),
      (TrainConfig(total_env_steps=-5), "total_env_steps"),
-     (TrainConfig(envs_per_actor=2.5), "envs_per_actor"),
+     (TrainConfig(envs_per_chip=2.5), "envs_per_chip"),
      (TrainConfig(env="NoSuchEnv-v0"), "Unknown environment"),
      (TrainConfig(resume=True), "checkpoint_dir"),
-     (TrainConfig(rollout_actors_per_chip=3), "cpus_per_chip")],
+     (TrainConfig(rollout_actors_per_host=3), "does not divide")],
 )
 def test_bad_training_configs_are_refused_before_anything_starts(cluster, config, match):
     with (

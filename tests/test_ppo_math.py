@@ -102,3 +102,18 @@ def test_in_process_learner_steps_and_keeps_shapes():
     assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
     learner.load_state_leaves(before, update=0)
     assert all(np.array_equal(a, b) for a, b in zip(before, learner.state_leaves(), strict=True))
+
+
+def test_a_shared_rollout_splits_columns_and_episodes_between_learners():
+    from workbench.rollout import RolloutWorker
+
+    worker = RolloutWorker("CartPole-v1", num_envs=6, rollout_length=40, seed=3)
+    params = worker.network.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))
+    whole = worker.sample(jax.tree.map(np.asarray, params), policy_version=4)
+    parts = whole.split(3)
+    assert [p.obs.shape for p in parts] == [(40, 2, 4)] * 3
+    np.testing.assert_array_equal(np.concatenate([p.rewards for p in parts], axis=1),
+                                  whole.rewards)
+    assert sorted(r for p in parts for r in p.episode_returns) == sorted(whole.episode_returns)
+    for p in parts:
+        assert p.policy_version == 4 and all(0 <= e < 2 for e in p.episode_envs)

@@ -70,7 +70,7 @@ def _run_training(args: argparse.Namespace, config) -> dict:
     from workbench.engine import train
     from workbench.slice import reserve
 
-    cpus_per_chip = 1 + config.rollout_actors_per_chip
+    cpus_per_chip = 2  # the learner's CPU, and room for a rollout actor beside it
     with contextlib.ExitStack() as stack:
         address = getattr(args, "address", None) or os.environ.get("RAY_ADDRESS")
         if address:

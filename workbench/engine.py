@@ -36,10 +36,10 @@ class TrainConfig:
     """Seeds parameters, environments and sampling; same seed and slice, same curve."""
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """Algorithm hyperparameters."""
-    rollout_actors_per_chip: int = 1
-    """Rollout actors feeding each chip's learner, on the chip's host."""
-    envs_per_actor: int = 16
-    """Vectorised environments stepped by each rollout actor."""
+    rollout_actors_per_host: int = 1
+    """Rollout actors on each host; each feeds an equal share of the host's learners."""
+    envs_per_chip: int = 16
+    """Environments stepped for each chip's learner per rollout."""
     rollout_length: int = 64
     """Steps per environment in one rollout."""
     eval_every: int = 5
@@ -63,14 +63,15 @@ class TrainConfig:
 
     @property
     def steps_per_update(self) -> int:
-        return self.rollout_actors_per_chip * self.envs_per_actor * self.rollout_length
+        """Env steps each chip learns from per update."""
+        return self.envs_per_chip * self.rollout_length
 
     def num_updates(self, num_chips: int) -> int:
         return max(1, self.total_env_steps // (self.steps_per_update * num_chips))
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first field that cannot work."""
-        positive = ("total_env_steps", "rollout_actors_per_chip", "envs_per_actor",
+        positive = ("total_env_steps", "rollout_actors_per_host", "envs_per_chip",
                     "rollout_length", "eval_episodes")
         for name in positive:
             value = getattr(self, name)
@@ -156,7 +157,7 @@ class ChipLearnerActor:
         configure_jax_platform(current_platform())
         return join_distributed(coordinator, self.num_chips, self.rank, timeout_s)
 
-    def setup(self, config: TrainConfig, loss_fn: LossFn, rollouts: list, board) -> dict:
+    def setup(self, config: TrainConfig, loss_fn: LossFn, rollout, part: int, board) -> dict:
         import jax
 
         from workbench import checkpoint
@@ -164,7 +165,8 @@ class ChipLearnerActor:
         from workbench.rollout import env_spaces
 
         self.config = config
-        self.rollouts = rollouts
+        self.rollout = rollout
+        self.part = part
         self.board = board
         obs, num_actions = env_spaces(config.env)
         self.num_updates = config.num_updates(self.num_chips)
@@ -185,7 +187,7 @@ class ChipLearnerActor:
         import ray
 
         params = ray.put(self.learner.params_numpy())
-        return [w.sample.remote(params, version) for w in self.rollouts]
+        return [self.rollout.sample.remote(params, version, self.part)]
 
     def warm_up(self) -> None:
         """Compile the update with a throwaway state copy so the loop starts hot."""
@@ -317,7 +319,7 @@ def train(
 
     Args:
         tpu_slice: a slice from :func:`workbench.reserve` with ``cpus_per_chip`` at least
-            ``1 + rollout_actors_per_chip`` (the learner's CPU and its rollout actors').
+            2 (a learner and, in some bundles, a rollout actor).
         config: what to learn; defaults to PPO on CartPole-v1 for 500k env steps.
         loss_fn: ``loss_fn(params, apply_fn, batch, config) -> (loss, metrics)``; the PPO
             loss unless you plug in your own.
@@ -343,55 +345,72 @@ def train(
     _validate_env(config.env)
     if tpu_slice.released:
         raise ValueError("This slice has been released; reserve a slice and train on that.")
-    needed = 1 + config.rollout_actors_per_chip
-    if tpu_slice.cpus_per_chip < needed:
+    chips_per_host = tpu_slice.shape.chips_per_host
+    actors_per_host = config.rollout_actors_per_host
+    if chips_per_host % actors_per_host:
         raise ValueError(
-            f"Each chip's bundle has {tpu_slice.cpus_per_chip} CPU(s) but a learner and "
-            f"{config.rollout_actors_per_chip} rollout actor(s) need {needed}: reserve with "
-            f"cpus_per_chip={needed} or lower rollout_actors_per_chip."
+            f"rollout_actors_per_host={actors_per_host} does not divide the "
+            f"{chips_per_host} chips of a {tpu_slice.shape.label} host; use a divisor of "
+            f"{chips_per_host}."
+        )
+    if tpu_slice.cpus_per_chip < 2:
+        raise ValueError(
+            f"Each chip's bundle has {tpu_slice.cpus_per_chip} CPU(s); a learner and a "
+            "rollout actor placed beside it need 2: reserve with cpus_per_chip=2."
         )
     started = time.monotonic()
-    from workbench.rollout import RolloutWorker
+    from workbench.rollout import RolloutWorker, SharedRollout
 
     num_chips = tpu_slice.num_chips
     # Rollout actors never use a TPU: keep JAX on the CPU in their processes.
     cpu_env = {"env_vars": {"JAX_PLATFORMS": "cpu"}}
     actors: list = []
     try:
-        Rollout = _remote(RolloutWorker, num_cpus=1, runtime_env=cpu_env)
+        Evaluator = _remote(RolloutWorker, num_cpus=0, runtime_env=cpu_env)
+        Rollout = _remote(SharedRollout, num_cpus=1, runtime_env=cpu_env)
         Learner = _remote(
             ChipLearnerActor,
             num_cpus=1,
             resources={"TPU": 1},
             max_concurrency=2,
         )
-        evaluator = Rollout.options(
-            num_cpus=0, scheduling_strategy=tpu_slice.scheduling(0)
-        ).remote(config.env, 1, 1, config.seed + 999_983, config.ppo.hidden_sizes)
+        evaluator = Evaluator.options(scheduling_strategy=tpu_slice.scheduling(0)).remote(
+            config.env, 1, 1, config.seed + 999_983, config.ppo.hidden_sizes
+        )
         board = _remote(MetricsBoard, num_cpus=0).options(
             scheduling_strategy=tpu_slice.scheduling(0)
         ).remote(num_chips, config, evaluator)
         actors += [evaluator, board]
-        learners, rollouts = [], []
-        for chip in tpu_slice.chips:
-            chip_rollouts = [
-                Rollout.options(scheduling_strategy=tpu_slice.scheduling(chip.rank)).remote(
+        learners = [
+            Learner.options(scheduling_strategy=tpu_slice.scheduling(chip.rank)).remote(
+                chip.rank, num_chips
+            )
+            for chip in tpu_slice.chips
+        ]
+        # Each host's chips are split among its rollout actors; an actor sits in the
+        # bundle of the first chip it feeds and serves its chips' learners in rank order.
+        share = chips_per_host // actors_per_host
+        feeds: list[tuple] = [None] * num_chips
+        rollouts = []
+        for host in tpu_slice.hosts:
+            for k in range(actors_per_host):
+                ranks = host.chips[k * share:(k + 1) * share]
+                actor = Rollout.options(
+                    scheduling_strategy=tpu_slice.scheduling(ranks[0]), max_concurrency=share
+                ).remote(
                     config.env,
-                    config.envs_per_actor,
+                    config.envs_per_chip,
+                    share,
                     config.rollout_length,
-                    config.seed * 10_007 + chip.rank * config.rollout_actors_per_chip + i,
+                    config.seed * 10_007 + host.worker_id * actors_per_host + k,
                     config.ppo.hidden_sizes,
                 )
-                for i in range(config.rollout_actors_per_chip)
-            ]
-            rollouts.append(chip_rollouts)
-            learners.append(
-                Learner.options(scheduling_strategy=tpu_slice.scheduling(chip.rank)).remote(
-                    chip.rank, num_chips
-                )
-            )
-        actors += learners + [w for ws in rollouts for w in ws]
+                rollouts.append(actor)
+                for part, rank in enumerate(ranks):
+                    feeds[rank] = (actor, part)
+        actors += learners + rollouts
         coordinator = ray.get(learners[0].coordinator_address.remote(), timeout=120)
+        log.info("learner 0 up after %.1f s", time.monotonic() - started)
         joins = [lr.join.remote(coordinator, distributed_timeout_s) for lr in learners]
         ready, _ = ray.wait(joins, num_returns=len(joins), timeout=distributed_timeout_s + 30)
         missing = [rank for rank, ref in enumerate(joins) if ref not in ready]
@@ -402,11 +421,14 @@ def train(
                 "hosts are alive (wb.list_slices()) and retry, or raise distributed_timeout_s."
             )
         ray.get(joins)
+        log.info("jax.distributed joined after %.1f s", time.monotonic() - started)
         ray.get([
-            lr.setup.remote(config, loss_fn, rs, board)
-            for lr, rs in zip(learners, rollouts, strict=True)
+            lr.setup.remote(config, loss_fn, actor, part, board)
+            for lr, (actor, part) in zip(learners, feeds, strict=True)
         ], timeout=600)
+        log.info("learners set up after %.1f s", time.monotonic() - started)
         ray.get([lr.warm_up.remote() for lr in learners], timeout=600)
+        log.info("warm-up compiled after %.1f s", time.monotonic() - started)
         startup_s = time.monotonic() - started
         runs = [lr.train.remote() for lr in learners]
         seen = 0

@@ -7,7 +7,8 @@ the CPU; the worker never touches a TPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass, field, replace
 
 import gymnasium as gym
 import numpy as np
@@ -55,10 +56,38 @@ class RolloutBatch:
     last_value: np.ndarray
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
+    episode_envs: list[int] = field(default_factory=list)
+    """Which env (column) each finished episode ran in."""
 
     @property
     def env_steps(self) -> int:
         return int(self.rewards.size)
+
+    def split(self, parts: int) -> list[RolloutBatch]:
+        """Cut the batch by env columns into ``parts`` equal batches, one per learner."""
+        width = self.rewards.shape[1] // parts
+        pieces = []
+        for p in range(parts):
+            cols = slice(p * width, (p + 1) * width)
+            mine = [i for i, env in enumerate(self.episode_envs) if cols.start <= env < cols.stop]
+            pieces.append(
+                replace(
+                    self,
+                    obs=self.obs[:, cols],
+                    actions=self.actions[:, cols],
+                    log_probs=self.log_probs[:, cols],
+                    values=self.values[:, cols],
+                    rewards=self.rewards[:, cols],
+                    terminated=self.terminated[:, cols],
+                    truncated=self.truncated[:, cols],
+                    valid=self.valid[:, cols],
+                    last_value=self.last_value[cols],
+                    episode_returns=[self.episode_returns[i] for i in mine],
+                    episode_lengths=[self.episode_lengths[i] for i in mine],
+                    episode_envs=[self.episode_envs[i] - cols.start for i in mine],
+                )
+            )
+        return pieces
 
 
 class RolloutWorker:
@@ -115,6 +144,7 @@ class RolloutWorker:
         valid = np.zeros((T, N), dtype=bool)
         episode_returns: list[float] = []
         episode_lengths: list[int] = []
+        episode_envs: list[int] = []
         params = jax.device_put(params)
         for t in range(T):
             self._key, packed = self._act(params, self._obs, self._key)
@@ -136,6 +166,7 @@ class RolloutWorker:
             for i in np.flatnonzero(self._done):
                 episode_returns.append(float(self._episode_return[i]))
                 episode_lengths.append(int(self._episode_length[i]))
+                episode_envs.append(int(i))
                 self._episode_return[i] = 0.0
                 self._episode_length[i] = 0
         last_value = np.asarray(self._value(params, self._obs), dtype=np.float32)
@@ -152,6 +183,7 @@ class RolloutWorker:
             last_value=last_value,
             episode_returns=episode_returns,
             episode_lengths=episode_lengths,
+            episode_envs=episode_envs,
         )
 
     def evaluate(self, params, episodes: int = 20, seed: int = 10_000) -> list[float]:
@@ -172,3 +204,45 @@ class RolloutWorker:
 
     def close(self) -> None:
         self.env.close()
+
+
+class SharedRollout:
+    """A rollout actor feeding several learners of one host from one set of envs.
+
+    Each learner asks for its part of the next rollout; when all have asked, one policy
+    forward per step serves every learner's envs, and each learner gets its columns.
+    Run as a Ray actor with ``max_concurrency`` equal to ``parts``.
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        envs_per_part: int,
+        parts: int,
+        rollout_length: int,
+        seed: int,
+        hidden_sizes: tuple[int, ...] = (64, 64),
+        wait_s: float = 600.0,
+    ) -> None:
+        self.worker = RolloutWorker(env_id, envs_per_part * parts, rollout_length, seed,
+                                    hidden_sizes)
+        self.parts = parts
+        # NOTE: the barrier's action runs once per round, in the last thread to arrive, so
+        # the rollout starts only when every learner has asked; a result is read before
+        # its learner can ask again, so the next round cannot overwrite it early.
+        self._barrier = threading.Barrier(parts, action=self._run, timeout=wait_s)
+        self._request: tuple = ()
+        self._pieces: list[RolloutBatch] = []
+
+    def _run(self) -> None:
+        params, version = self._request
+        self._pieces = self.worker.sample(params, version).split(self.parts)
+
+    def sample(self, params, policy_version: int, part: int) -> RolloutBatch:
+        """Part ``part`` of the rollout made with ``params`` (every caller passes the same)."""
+        self._request = (params, policy_version)
+        self._barrier.wait()
+        return self._pieces[part]
+
+    def evaluate(self, params, episodes: int = 20) -> list[float]:
+        return self.worker.evaluate(params, episodes)
