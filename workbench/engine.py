@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from workbench.algos.ppo import LossFn, PPOConfig, ppo_loss
-from workbench.metrics import MetricsLog, UpdateRecord
+from workbench.metrics import MetricsBoard, UpdateRecord
 from workbench.slice import Slice
 
 log = logging.getLogger(__name__)
@@ -263,42 +263,6 @@ class ChipLearnerActor:
         return self.learner.state_leaves()
 
 
-class MetricsBoard:
-    """Collects per-update records from every chip and greedy evaluations; the driver
-    reads it without touching the learners."""
-
-    def __init__(self, num_chips: int, config: TrainConfig, evaluator) -> None:
-        self.log = MetricsLog(num_chips, config.target_return)
-        self.evaluator = evaluator
-        self.eval_episodes = config.eval_episodes
-        self.pending: list = []
-
-    def record(self, record: UpdateRecord) -> None:
-        self.log.add(record)
-
-    def evaluate(self, params, update: int, env_steps: int) -> None:
-
-        self._collect()
-        ref = self.evaluator.evaluate.remote(params, self.eval_episodes)
-        self.pending.append((ref, update, env_steps))
-
-    def _collect(self, wait: bool = False) -> None:
-        import ray
-
-        still = []
-        for ref, update, env_steps in self.pending:
-            ready, _ = ray.wait([ref], timeout=None if wait else 0)
-            if ready:
-                self.log.add_eval(update, env_steps, float(np.mean(ray.get(ref))), time.time())
-            else:
-                still.append((ref, update, env_steps))
-        self.pending = still
-
-    def snapshot(self, since: int = 0, wait_evals: bool = False) -> dict:
-        self._collect(wait_evals)
-        return self.log.snapshot(since)
-
-
 def _remote(cls, **options):
     import ray
 
@@ -379,7 +343,7 @@ def train(
         )
         board = _remote(MetricsBoard, num_cpus=0).options(
             scheduling_strategy=tpu_slice.scheduling(0)
-        ).remote(num_chips, config, evaluator)
+        ).remote(num_chips, config.target_return, config.eval_episodes, evaluator)
         actors += [evaluator, board]
         learners = [
             Learner.options(scheduling_strategy=tpu_slice.scheduling(chip.rank)).remote(

@@ -35,6 +35,13 @@ def configure_jax_platform(platform: str) -> None:
     import jax
 
     jax.config.update("jax_platforms", platform)
+    # Every learner compiles the same update; a persistent cache lets later runs (and
+    # restarted learners) skip the compile.
+    cache = os.environ.get(
+        "WORKBENCH_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "workbench-jax")
+    )
+    jax.config.update("jax_compilation_cache_dir", cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     if platform == "cpu":
         jax.config.update("jax_num_cpu_devices", 1)
         jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -5,6 +5,7 @@ Pure bookkeeping, no Ray: the metrics board actor holds a ``MetricsLog``.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -111,3 +112,40 @@ class MetricsLog:
             ),
             "eval_target_time": self.eval_target["time"] if self.eval_target else None,
         }
+
+
+class MetricsBoard:
+    """Collects per-update records from every chip and greedy evaluations; the driver
+    reads it without touching the learners."""
+
+    def __init__(self, num_chips: int, target_return: float, eval_episodes: int,
+                 evaluator) -> None:
+        self.log = MetricsLog(num_chips, target_return)
+        self.evaluator = evaluator
+        self.eval_episodes = eval_episodes
+        self.pending: list = []
+
+    def record(self, record: UpdateRecord) -> None:
+        self.log.add(record)
+
+    def evaluate(self, params, update: int, env_steps: int) -> None:
+
+        self._collect()
+        ref = self.evaluator.evaluate.remote(params, self.eval_episodes)
+        self.pending.append((ref, update, env_steps))
+
+    def _collect(self, wait: bool = False) -> None:
+        import ray
+
+        still = []
+        for ref, update, env_steps in self.pending:
+            ready, _ = ray.wait([ref], timeout=None if wait else 0)
+            if ready:
+                self.log.add_eval(update, env_steps, float(np.mean(ray.get(ref))), time.time())
+            else:
+                still.append((ref, update, env_steps))
+        self.pending = still
+
+    def snapshot(self, since: int = 0, wait_evals: bool = False) -> dict:
+        self._collect(wait_evals)
+        return self.log.snapshot(since)
