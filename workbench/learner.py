@@ -64,6 +64,8 @@ def join_distributed(coordinator: str, num_processes: int, rank: int, timeout_s:
             num_processes=num_processes,
             process_id=rank,
             initialization_timeout=max(1, int(timeout_s)),
+            # A chip that stops answering aborts the group in seconds instead of minutes.
+            heartbeat_timeout_seconds=10,
         )
     return time.monotonic() - started
 

@@ -283,7 +283,13 @@ def make_update(
         def minibatch_step(carry, indices):
             params, opt_state = carry
             sub = jax.tree.map(lambda x: x[indices], batch)
-            (_, metrics), grads = grad_fn(params, network.apply, sub, config)
+            differentiate_at = params
+            if axis_name and not gather:
+                # NOTE: params are the same on every chip, but this chip's gradient is not;
+                # without the cast, differentiating replicated params would sum every
+                # chip's gradient (per leaf) before the mean below.
+                differentiate_at = jax.lax.pcast(params, axis_name, to="varying")
+            (_, metrics), grads = grad_fn(differentiate_at, network.apply, sub, config)
             # NOTE: the one cross-chip collective per minibatch; every chip then applies
             # the same averaged gradient, so parameters stay identical everywhere.
             grads = mean_over_chips(grads)
