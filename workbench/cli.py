@@ -108,6 +108,9 @@ def _train_config(args: argparse.Namespace):
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,
         stop_at_target=args.stop_at_target,
+        envs_per_chip=args.envs_per_chip,
+        rollout_length=args.rollout_length,
+        sync=args.sync,
     )
 
 
@@ -181,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint-every", type=int, default=0)
     run.add_argument("--resume", action="store_true")
     run.add_argument("--stop-at-target", action="store_true")
+    run.add_argument("--envs-per-chip", type=int, default=16)
+    run.add_argument("--rollout-length", type=int, default=64)
+    run.add_argument("--sync", default="auto", choices=["auto", "gradients", "batch"])
     run.add_argument("--reserve-timeout", type=float, default=60.0)
     run.set_defaults(func=cmd_train)
     return parser
