@@ -84,6 +84,7 @@ class TreeSampler:
         self.peak_processes = 0
         self.samples = 0
         self.seen: dict[int, psutil.Process] = {root_pid: self.root}
+        self.cpu_s: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -109,8 +110,10 @@ class TreeSampler:
     def sample(self) -> None:
         total, count = 0, 0
         for proc in self.tree():
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied), proc.oneshot():
                 total += proc.memory_info().rss
+                times = proc.cpu_times()
+                self.cpu_s[proc.pid] = times.user + times.system
                 count += 1
                 self.seen.setdefault(proc.pid, proc)
         self.samples += 1
@@ -185,6 +188,7 @@ def run_worker(kind: str, seed: int, options: list[str], timeout_s: float, log_d
         peak_rss_mib=round(sampler.peak_rss_bytes / 2**20, 1),
         peak_processes=sampler.peak_processes,
         rss_samples=sampler.samples,
+        tree_cpu_s=round(sum(sampler.cpu_s.values()), 1),
         leftover_processes_killed=leftovers,
     )
     return record
@@ -442,6 +446,7 @@ def workbench_worker(seed: int, total_env_steps: int) -> Record:
         "cold_start_s": round(cold_start_s, 3),
         "cold_start_with_imports_s": round(imports_s + cold_start_s, 3),
         "cluster_processes_outside_tree": sorted(outside),
+        "loop_s": result.wall_s,
         **record,
         "curve": [
             {k: row.get(k) for k in ("update", "env_steps", "mean_return_100",
@@ -454,11 +459,26 @@ def workbench_worker(seed: int, total_env_steps: int) -> Record:
 # Summary.
 
 
+def _finite_or_none(value: float, digits: int = 3) -> float | None:
+    return None if math.isinf(value) or math.isnan(value) else round(value, digits)
+
+
 def median_or_none(values: list[float | None], lower_is_better: bool = True) -> float | None:
     """Median over seeds where ``None`` (never reached) counts as the worst value."""
     worst = math.inf if lower_is_better else -math.inf
-    median = statistics.median([worst if v is None else v for v in values])
-    return None if math.isinf(median) else round(median, 3)
+    return _finite_or_none(statistics.median([worst if v is None else v for v in values]))
+
+
+def median_time_bounds(records: list[Record], key: str) -> tuple[float, float]:
+    """Bounds on the median time to a target over seeds.
+
+    A run that never reached it took longer than its whole training loop (``loop_s``), and
+    than any time at all: the median of those stand-ins is a lower bound, the median with
+    infinity in their place an upper bound. Both equal the median when every run got there.
+    """
+    spent = [r[key] if r.get(key) is not None else r.get("loop_s") or 0.0 for r in records]
+    never = [r[key] if r.get(key) is not None else math.inf for r in records]
+    return statistics.median(spent), statistics.median(never)
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -467,12 +487,32 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return round(numerator / denominator, 3)
 
 
+def time_ratio_bounds(rllib: list[Record], workbench: list[Record], key: str
+                      ) -> tuple[float, float]:
+    """Bounds on (RLlib's median time to a target) / (the workbench's)."""
+    rl_low, rl_high = median_time_bounds(rllib, key)
+    wb_low, wb_high = median_time_bounds(workbench, key)
+    low = rl_low / wb_high if wb_high > 0 else math.inf
+    high = rl_high / wb_low if wb_low > 0 else math.inf
+    return low, high
+
+
+def speedup_goal(rllib: list[Record], workbench: list[Record], key: str, need: float) -> Record:
+    """Met when even the lower bound of the ratio reaches ``need``; not met when even the
+    upper bound falls short; ``None`` when a target never reached leaves it open."""
+    low, high = time_ratio_bounds(rllib, workbench, key)
+    met = True if low >= need else False if high < need else None
+    return {"ratio_bounds": [_finite_or_none(low), _finite_or_none(high)], "need": need,
+            "met": met}
+
+
 def at_least(value: float | None, bound: float) -> bool | None:
     return None if value is None else value >= bound
 
 
 TIME_FIGURES = ("time_to_train_target_s", "env_steps_to_train_target", "time_to_eval_target_s",
-                "cold_start_s", "cold_start_with_imports_s", "imports_s", "peak_rss_mib")
+                "cold_start_s", "cold_start_with_imports_s", "imports_s", "peak_rss_mib",
+                "tree_cpu_s")
 
 
 def medians(records: list[Record]) -> Record:
@@ -490,11 +530,17 @@ def medians(records: list[Record]) -> Record:
 
 def summarize(rllib: list[Record], workbench: list[Record]) -> Record:
     rl, wb = medians(rllib), medians(workbench)
+    train_goal = speedup_goal(rllib, workbench, "time_to_train_target_s",
+                              GOAL_TRAIN_TARGET_SPEEDUP)
+    eval_low, eval_high = time_ratio_bounds(rllib, workbench, "time_to_eval_target_s")
     ratios = {
         "time_to_train_target_rllib_over_workbench": ratio(rl["time_to_train_target_s"],
                                                            wb["time_to_train_target_s"]),
+        "time_to_train_target_rllib_over_workbench_bounds": train_goal["ratio_bounds"],
         "time_to_eval_target_rllib_over_workbench": ratio(rl["time_to_eval_target_s"],
                                                           wb["time_to_eval_target_s"]),
+        "time_to_eval_target_rllib_over_workbench_bounds": [_finite_or_none(eval_low),
+                                                            _finite_or_none(eval_high)],
         "env_steps_to_train_target_rllib_over_workbench": ratio(
             rl["env_steps_to_train_target"], wb["env_steps_to_train_target"]),
         "env_steps_per_s_workbench_over_rllib": ratio(wb["env_steps_per_s"],
@@ -503,27 +549,38 @@ def summarize(rllib: list[Record], workbench: list[Record]) -> Record:
         "cold_start_workbench_over_rllib": ratio(wb["cold_start_s"], rl["cold_start_s"]),
         "peak_rss_workbench_over_rllib": ratio(wb["peak_rss_mib"], rl["peak_rss_mib"]),
     }
+    throughput = ratios["env_steps_per_s_workbench_over_rllib"]
     cold = wb["cold_start_s"]
     goals = {
         "time_to_train_target_at_most_1_10_of_rllib": {
-            "ratio": ratios["time_to_train_target_rllib_over_workbench"],
-            "need": GOAL_TRAIN_TARGET_SPEEDUP,
-            "met": at_least(ratios["time_to_train_target_rllib_over_workbench"],
-                            GOAL_TRAIN_TARGET_SPEEDUP),
+            "ratio": ratios["time_to_train_target_rllib_over_workbench"], **train_goal,
         },
         "env_steps_per_s_at_least_20x_rllib": {
-            "ratio": ratios["env_steps_per_s_workbench_over_rllib"],
-            "need": GOAL_THROUGHPUT_RATIO,
-            "met": at_least(ratios["env_steps_per_s_workbench_over_rllib"],
-                            GOAL_THROUGHPUT_RATIO),
+            "ratio": throughput, "need": GOAL_THROUGHPUT_RATIO,
+            "met": at_least(throughput, GOAL_THROUGHPUT_RATIO),
         },
         "workbench_cold_start_under_20_s": {
-            "value_s": cold,
-            "need_below_s": GOAL_WORKBENCH_COLD_START_S,
+            "value_s": cold, "need_below_s": GOAL_WORKBENCH_COLD_START_S,
             "met": None if cold is None else cold < GOAL_WORKBENCH_COLD_START_S,
         },
     }
     return {"median": {"rllib": rl, "workbench": wb}, "ratios": ratios, "goals": goals}
+
+
+def code_revision() -> Record:
+    """The commit the workbench was measured at, and whether its files differ from it."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*argv: str) -> str:
+        try:
+            done = subprocess.run(["git", *argv], cwd=root, capture_output=True, text=True,
+                                  timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return done.stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD") or None,
+            "workbench_modified": bool(git("status", "--porcelain", "--", "workbench"))}
 
 
 def machine() -> Record:
@@ -536,7 +593,7 @@ def run_benchmark(args: argparse.Namespace) -> Record:
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     log_dir = Path(tempfile.mkdtemp(prefix="bench-ppo-vs-rllib-"))
     started = time.monotonic()
-    load_before = machine()
+    load_before, code_before = machine(), code_revision()
     rllib, workbench = [], []
     for seed in seeds:
         rllib.append(run_worker(
@@ -561,6 +618,7 @@ def run_benchmark(args: argparse.Namespace) -> Record:
         "rllib_max_env_steps": args.rllib_max_env_steps,
         "rllib_eval_every_iterations": args.rllib_eval_every,
         "workbench_env_steps": args.workbench_env_steps,
+        "code": {**code_before, "changed_during_run": code_revision() != code_before},
         "machine_before": load_before,
         "machine_after": machine(),
         "total_s": round(time.monotonic() - started, 1),
