@@ -30,10 +30,22 @@ Targets, the same for both sides:
     updates on its own actor, concurrently with training.
 
 Times to target are seconds of training loop (RLlib: summed ``train()`` calls; workbench:
-from its loop start). Cold start: RLlib ``ray.init`` + ``build_algo()``; workbench cluster
-start + reservation + ``startup_s`` (actors, jax.distributed, warm-up compile). Interpreter
-and import time is reported separately (``imports_s``) for both. Medians treat a target
-never reached as slower than any reached one; a median that lands there is ``null``.
+from its loop start). Env-steps/s: env steps over those loop seconds. Cold start: RLlib
+``ray.init`` + ``build_algo()``; workbench cluster start + reservation + ``startup_s``
+(actors, jax.distributed, warm-up compile). Interpreter and import time (RLlib and torch,
+or the workbench and JAX) is reported separately as ``imports_s``. ``tree_cpu_s`` is the
+CPU time of the whole tree (approximate: a process's last 0.5 s before it exits is missed),
+a figure that, unlike the times, does not grow when other work shares the machine.
+
+Medians over seeds treat a target never reached as slower than any reached one; a median
+that lands there is ``null``. The time-to-target ratios come with bounds: a run that never
+got there took longer than its whole loop, so a goal can still be decided (``met``) when a
+side ran out of budget; ``met`` is ``null`` only when the bounds leave it open.
+
+A run whose Ray instance or simulated cluster fails to come up (on a loaded 2-core machine
+Ray's own start-up deadlines can pass) is started again, ``--startup-retries`` times at
+most; ``startup_attempts`` and ``failed_startup_s`` say so, and the figures are those of
+the attempt that came up.
 """
 
 from __future__ import annotations
@@ -173,11 +185,14 @@ def run_worker(kind: str, seed: int, options: list[str], timeout_s: float, log_d
     out = log_dir / f"{kind}-seed{seed}.json"
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", kind,
                "--seed", str(seed), "--out", str(out), *options]
+    failed_startup_s = 0.0
     for attempt in range(1, startup_retries + 2):
         log_path = log_dir / f"{kind}-seed{seed}-attempt{attempt}.log"
+        started = time.monotonic()
         returncode, sampler, leftovers = run_attempt(command, timeout_s, log_path)
         if returncode != EXIT_STARTUP_FAILED:
             break
+        failed_startup_s += time.monotonic() - started
     record: Record = json.loads(out.read_text()) if out.exists() else {}
     if returncode != 0 or not record:
         tail = log_path.read_text()[-3000:]
@@ -185,6 +200,7 @@ def run_worker(kind: str, seed: int, options: list[str], timeout_s: float, log_d
     record.update(
         seed=seed,
         startup_attempts=attempt,
+        failed_startup_s=round(failed_startup_s, 1),
         peak_rss_mib=round(sampler.peak_rss_bytes / 2**20, 1),
         peak_processes=sampler.peak_processes,
         rss_samples=sampler.samples,
@@ -414,6 +430,7 @@ def workbench_worker(seed: int, total_env_steps: int) -> Record:
     from workbench.engine import TrainConfig, train
 
     imports_s = process_age_s()
+    code = code_revision()
     started = time.monotonic()
     with startup_phase():
         cluster = wb.local_cluster([("v6e", "2x2")])
@@ -440,6 +457,8 @@ def workbench_worker(seed: int, total_env_steps: int) -> Record:
     cold_start_s = cluster_start_s + reserve_s + result.startup_s
     return {
         "side": "workbench",
+        "commit": code["commit"],
+        "workbench_modified": code["workbench_modified"],
         "imports_s": round(imports_s, 3),
         "cluster_start_s": round(cluster_start_s, 3),
         "reserve_s": round(reserve_s, 3),

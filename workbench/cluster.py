@@ -255,8 +255,8 @@ class LocalCluster:
         self.shutdown()
 
     def __repr__(self) -> str:
-        state = "stopped" if self._closed else self.address
-        return f"LocalCluster({state}, slices={self.slice_names})"
+        state = "stopped" if self._closed else getattr(self, "address", "starting")
+        return f"LocalCluster({state}, slices={getattr(self, 'slice_names', [])})"
 
 
 def _cluster_processes(simulator_pid: int, temp_dir: str) -> set[int]:

@@ -72,7 +72,6 @@ class Simulator:
         self._start_head(int(spec.get("head_cpus", 2)))
 
     def _node(self, head: bool, num_cpus: int, resources: dict[str, float], env: dict[str, str]):
-        import ray._private.node
         from ray._private.parameter import RayParams
 
         params = dict(
@@ -98,12 +97,32 @@ class Simulator:
             os.environ.pop(key, None)
         os.environ.update(env)
         try:
-            return ray._private.node.Node(
-                RayParams(**params), head=head, shutdown_at_exit=False, spawn_reaper=head
-            )
+            return self._start_node(RayParams(**params), head)
         finally:
             for key in env:
                 os.environ.pop(key, None)
+
+    def _start_node(self, params, head: bool, attempts: int = 3):
+        import psutil
+        import ray._private.node
+
+        me = psutil.Process()
+        for attempt in range(1, attempts + 1):  # the last attempt raises or returns
+            before = {c.pid for c in me.children(recursive=True)}
+            try:
+                return ray._private.node.Node(
+                    params, head=head, shutdown_at_exit=False, spawn_reaper=head
+                )
+            except Exception as error:
+                # NOTE: Ray gives a new raylet a fixed 30 s to register; on a loaded machine
+                # it can miss that. Remove what this attempt started, then try again.
+                if head or attempt == attempts or "timed out" not in str(error):
+                    raise
+                log.warning("a simulated host missed Ray's start-up deadline; retrying")
+                for child in me.children(recursive=True):
+                    if child.pid not in before:
+                        child.kill()
+        raise RuntimeError(f"no simulated node came up in {attempts} attempts")
 
     def _start_head(self, head_cpus: int) -> None:
         self.head = self._node(True, head_cpus, {}, {})
