@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -362,12 +361,3 @@ def local_cluster(
             raise
     return cluster
 
-
-def wait_for(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:
-    """Poll ``predicate`` until it is true or the deadline passes."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return bool(predicate())

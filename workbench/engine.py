@@ -259,9 +259,6 @@ class ChipLearnerActor:
             digest.update(np.ascontiguousarray(leaf).tobytes())
         return digest.hexdigest()
 
-    def state_leaves(self) -> list:
-        return self.learner.state_leaves()
-
 
 def _remote(cls, **options):
     import ray

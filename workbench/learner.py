@@ -147,12 +147,14 @@ class Learner:
             out_shardings=self._replicated,
         )
         self.state = make_state()
+        # Kept on the host too, so the per-update key needs no device read.
+        self._updates = 0
 
     # -- state -------------------------------------------------------------------------
 
     @property
     def update_count(self) -> int:
-        return int(to_numpy(self.state.update))
+        return self._updates
 
     def params_numpy(self):
         return to_numpy(self.state.params)
@@ -177,6 +179,7 @@ class Learner:
         params, opt_state = jax.tree.unflatten(structure, list(leaves))
         restored = type(template)(params, opt_state, np.asarray(update, np.int32))
         self.state = jax.tree.map(self._replicate, restored)
+        self._updates = int(update)
 
     def _replicate(self, value) -> object:
         import jax
@@ -209,13 +212,14 @@ class Learner:
         )
         key = self._replicate(
             np.asarray(jax.random.key_data(
-                jax.random.fold_in(jax.random.PRNGKey(self.seed), self.update_count)
+                jax.random.fold_in(jax.random.PRNGKey(self.seed), self._updates)
             ))
         )
         flag = jax.make_array_from_process_local_data(
             self._per_chip, np.asarray([int(stop)], np.int32)
         )
         self.state, metrics, any_stop = self._update(self.state, global_trajectory, key, flag)
+        self._updates += 1
         metrics = {k: float(v) for k, v in to_numpy(metrics).items()}
         return UpdateResult(metrics, bool(to_numpy(any_stop)), time.perf_counter() - started)
 

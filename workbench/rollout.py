@@ -127,7 +127,6 @@ class RolloutWorker:
         self._done = np.zeros(num_envs, dtype=bool)
         self._episode_return = np.zeros(num_envs)
         self._episode_length = np.zeros(num_envs, dtype=np.int64)
-        self._seed = seed
 
     def sample(self, params, policy_version: int) -> RolloutBatch:
         """Collect one rollout with ``params`` (a pytree of numpy arrays)."""
