@@ -176,14 +176,14 @@ def run_attempt(command: list[str], timeout_s: float, log_path: Path
 
 
 def run_worker(kind: str, seed: int, options: list[str], timeout_s: float, log_dir: Path,
-               startup_retries: int) -> Record:
+               startup_retries: int, script: Path | None = None) -> Record:
     """Run one side for one seed in a subprocess; its record plus process-tree figures.
 
     A run whose Ray instance or cluster failed to come up is started again from scratch,
     at most ``startup_retries`` times; the count is in the record.
     """
     out = log_dir / f"{kind}-seed{seed}.json"
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", kind,
+    command = [sys.executable, str(script or Path(__file__).resolve()), "--worker", kind,
                "--seed", str(seed), "--out", str(out), *options]
     failed_startup_s = 0.0
     for attempt in range(1, startup_retries + 2):
@@ -425,7 +425,8 @@ def rllib_worker(seed: int, max_env_steps: int, eval_every: int) -> Record:
 # Workbench worker.
 
 
-def workbench_worker(seed: int, total_env_steps: int) -> Record:
+def workbench_worker(seed: int, total_env_steps: int, mode: str = "actors",
+                     env: str = "CartPole-v1") -> Record:
     import workbench as wb
     from workbench.engine import TrainConfig, train
 
@@ -446,8 +447,8 @@ def workbench_worker(seed: int, total_env_steps: int) -> Record:
         with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
             _ = tpu_slice.chips
             reserve_s = time.monotonic() - started
-            config = TrainConfig(env="CartPole-v1", total_env_steps=total_env_steps, seed=seed,
-                                 stop_at_target=True)
+            config = TrainConfig(env=env, mode=mode, total_env_steps=total_env_steps,
+                                 seed=seed, stop_at_target=True)
             result = train(tpu_slice, config, on_update=check_tree)
             outside.update(processes_outside_tree(cluster.process_ids()))
     finally:

@@ -102,6 +102,7 @@ def _train_config(args: argparse.Namespace):
 
     return TrainConfig(
         env=args.env,
+        mode=args.mode,
         total_env_steps=args.total_env_steps,
         seed=args.seed,
         checkpoint_dir=args.checkpoint_dir,
@@ -176,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--topology", default="2x2")
     run.add_argument("--env", default="CartPole-v1")
     run.add_argument("--algo", default="ppo")
+    run.add_argument("--mode", default="actors", choices=["actors", "anakin"],
+                     help="actors: gymnasium envs on host CPUs; anakin: JAX envs on the chip")
     run.add_argument("--total-env-steps", type=int, default=500_000)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--json", help="write the result record here")
@@ -189,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--sync", default="auto", choices=["auto", "gradients", "batch"])
     run.add_argument("--reserve-timeout", type=float, default=60.0)
     run.set_defaults(func=cmd_train)
+
+    from workbench import gke
+
+    gke.add_parser(sub)
     return parser
 
 

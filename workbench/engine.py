@@ -22,6 +22,7 @@ from workbench.slice import Slice
 log = logging.getLogger(__name__)
 
 TARGET_RETURN = 475.0
+MODES = ("actors", "anakin")
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,11 @@ class TrainConfig:
     """What a run learns, and for how long. Where it runs is the reserved slice."""
 
     env: str = "CartPole-v1"
-    """A registered gymnasium id with a Discrete action space."""
+    """A registered gymnasium id with a Discrete action space; in Anakin mode one of the
+    project's JAX environments (``workbench.envs.jax_env_ids()``)."""
+    mode: str = "actors"
+    """``"actors"``: gymnasium envs stepped by rollout actors on the hosts' CPUs.
+    ``"anakin"``: JAX envs stepped on each chip, rollout and update in one program."""
     total_env_steps: int = 500_000
     """Budget of environment steps over all chips."""
     seed: int = 0
@@ -85,6 +90,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a whole number >= 0, got {value!r}.")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume=True needs checkpoint_dir: the run to continue from.")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}.")
         if self.sync not in ("auto", "gradients", "batch"):
             raise ValueError(f"sync must be 'auto', 'gradients' or 'batch', got {self.sync!r}.")
         if self.ppo.num_minibatches <= 0 or self.ppo.num_epochs <= 0:
@@ -121,11 +128,21 @@ class TrainResult:
         return dataclasses.asdict(self)
 
 
-def _validate_env(env_id: str) -> None:
+def _validate_env(env_id: str, mode: str) -> None:
     import gymnasium as gym
+
+    from workbench.envs import jax_env_ids
 
     if not isinstance(env_id, str) or not env_id:
         raise ValueError(f"env must be a gymnasium id such as 'CartPole-v1', got {env_id!r}.")
+    if mode == "anakin":
+        if env_id not in jax_env_ids():
+            raise ValueError(
+                f"Anakin mode steps JAX environments on the chip, and {env_id!r} is not one. "
+                f"JAX environments: {', '.join(jax_env_ids())}. Use one of them, or "
+                "mode='actors' for any gymnasium environment."
+            )
+        return
     if env_id not in gym.registry:
         close = [k for k in gym.registry if env_id.lower().split("-")[0] in k.lower()][:5]
         hint = f" Similar ids: {', '.join(close)}." if close else ""
@@ -161,19 +178,30 @@ class ChipLearnerActor:
         import jax
 
         from workbench import checkpoint
-        from workbench.learner import Learner, current_platform
-        from workbench.rollout import env_spaces
+        from workbench.learner import current_platform
 
         self.config = config
         self.rollout = rollout
         self.part = part
         self.board = board
-        obs, num_actions = env_spaces(config.env)
         self.num_updates = config.num_updates(self.num_chips)
         gather = config.sync == "batch" or (config.sync == "auto" and current_platform() == "cpu")
-        self.learner = Learner(
-            obs, num_actions, config.ppo, self.num_updates, config.seed, loss_fn, gather
-        )
+        if config.mode == "anakin":
+            from workbench.anakin import AnakinLearner
+            from workbench.envs import make_jax
+
+            self.learner = AnakinLearner(
+                make_jax(config.env), config.envs_per_chip, config.rollout_length, config.ppo,
+                self.num_updates, config.seed, loss_fn, gather,
+            )
+        else:
+            from workbench.learner import Learner
+            from workbench.rollout import env_spaces
+
+            obs, num_actions = env_spaces(config.env)
+            self.learner = Learner(
+                obs, num_actions, config.ppo, self.num_updates, config.seed, loss_fn, gather
+            )
         self.start_update = 0
         self.env_steps = 0
         if config.resume:
@@ -190,9 +218,13 @@ class ChipLearnerActor:
         return [self.rollout.sample.remote(params, version, self.part)]
 
     def warm_up(self) -> None:
-        """Compile the update with a throwaway state copy so the loop starts hot."""
+        """Compile the update before the loop starts, so the loop starts hot."""
         import ray
 
+        if self.config.mode == "anakin":
+            self.learner.compile()
+            return
+        # A throwaway update on a copy of the state: the actors' update compiles on use.
         leaves, update = self.learner.state_leaves(), self.learner.update_count
         self.learner.update(ray.get(self._sample_all(update)))
         self.learner.load_state_leaves(leaves, update)
@@ -200,23 +232,37 @@ class ChipLearnerActor:
     def request_stop(self) -> None:
         self._stop_requested = True
 
+    def _actors_update(self, update: int) -> tuple:
+        """One update from the rollout actors' batches: (result, steps, returns, versions)."""
+        import ray
+
+        batches = ray.get(self._futures)
+        # NOTE: the next rollout starts now with the current parameters and runs while
+        # this update computes, so rollouts are exactly one policy version behind the
+        # learner, on every chip and every run alike (reproducible).
+        self._futures = self._sample_all(update + 1)
+        result = self.learner.update(batches, stop=self._stop_requested)
+        steps = sum(b.env_steps for b in batches) * self.num_chips
+        returns = [r for b in batches for r in b.episode_returns]
+        return result, steps, returns, [b.policy_version for b in batches]
+
+    def _anakin_update(self, update: int) -> tuple:
+        result = self.learner.step(stop=self._stop_requested)
+        return result, self.learner.steps_per_update, list(result.episode_returns), [update]
+
     def train(self) -> dict:
         import ray
 
         from workbench import checkpoint
 
         config = self.config
-        futures = self._sample_all(self.start_update)
+        anakin = config.mode == "anakin"
+        self._futures = [] if anakin else self._sample_all(self.start_update)
+        next_update = self._anakin_update if anakin else self._actors_update
         last_saved = None
         loop_start = time.time()
         for update in range(self.start_update, self.num_updates):
-            batches = ray.get(futures)
-            # NOTE: the next rollout starts now with the current parameters and runs while
-            # this update computes, so rollouts are exactly one policy version behind the
-            # learner, on every chip and every run alike (reproducible).
-            futures = self._sample_all(update + 1)
-            result = self.learner.update(batches, stop=self._stop_requested)
-            steps = sum(b.env_steps for b in batches) * self.num_chips
+            result, steps, returns, versions = next_update(update)
             self.env_steps += steps
             record = UpdateRecord(
                 update=update + 1,
@@ -224,10 +270,10 @@ class ChipLearnerActor:
                 time=time.time(),
                 env_steps=self.env_steps,
                 steps=steps,
-                episode_returns=[r for b in batches for r in b.episode_returns],
+                episode_returns=returns,
                 step_s=result.step_s,
                 metrics=result.metrics,
-                policy_versions=[b.policy_version for b in batches],
+                policy_versions=versions,
             )
             self.board.record.remote(record)
             due = config.checkpoint_every and (update + 1) % config.checkpoint_every == 0
@@ -242,7 +288,7 @@ class ChipLearnerActor:
                 self.board.evaluate.remote(params, update + 1, self.env_steps)
             if result.stop:
                 break
-        ray.get(futures)
+        ray.get(self._futures)
         return {
             "updates": self.learner.update_count,
             "env_steps": self.env_steps,
@@ -303,7 +349,7 @@ def train(
 
     config = config or TrainConfig()
     config.validate()
-    _validate_env(config.env)
+    _validate_env(config.env, config.mode)
     if tpu_slice.released:
         raise ValueError("This slice has been released; reserve a slice and train on that.")
     chips_per_host = tpu_slice.shape.chips_per_host
@@ -314,7 +360,7 @@ def train(
             f"{chips_per_host} chips of a {tpu_slice.shape.label} host; use a divisor of "
             f"{chips_per_host}."
         )
-    if tpu_slice.cpus_per_chip < 2:
+    if config.mode == "actors" and tpu_slice.cpus_per_chip < 2:
         raise ValueError(
             f"Each chip's bundle has {tpu_slice.cpus_per_chip} CPU(s); a learner and a "
             "rollout actor placed beside it need 2: reserve with cpus_per_chip=2."
@@ -351,9 +397,11 @@ def train(
         # Each host's chips are split among its rollout actors; an actor sits in the
         # bundle of the first chip it feeds and serves its chips' learners in rank order.
         share = chips_per_host // actors_per_host
-        feeds: list[tuple] = [None] * num_chips
+        feeds: list[tuple] = [(None, 0)] * num_chips
         rollouts = []
-        for host in tpu_slice.hosts:
+        # Anakin mode has no rollout actors: each learner steps its own JAX envs.
+        hosts = tpu_slice.hosts if config.mode == "actors" else []
+        for host in hosts:
             for k in range(actors_per_host):
                 ranks = host.chips[k * share:(k + 1) * share]
                 actor = Rollout.options(
@@ -434,7 +482,7 @@ def train(
         topology=tpu_slice.shape.topology,
         chips=num_chips,
         hosts=tpu_slice.num_hosts,
-        mode="actors",
+        mode=config.mode,
         algo="ppo" if loss_fn is ppo_loss else getattr(loss_fn, "__name__", "custom"),
         env=config.env,
         seed=config.seed,

@@ -85,72 +85,28 @@ class UpdateResult:
     metrics: dict[str, float]
     stop: bool
     step_s: float
+    episode_returns: tuple[float, ...] = ()
+    """Returns of the episodes this chip's envs finished (Anakin mode only)."""
 
 
-class Learner:
-    """One chip's share of PPO learning over a mesh of all participating devices."""
+class MeshLearner:
+    """What every learner of a slice shares: a mesh over all chips, a learner state
+    replicated on it, and moving that state to and from the host."""
 
-    def __init__(
-        self,
-        obs_example: np.ndarray,
-        num_actions: int,
-        config: PPOConfig,
-        num_updates: int,
-        seed: int,
-        loss_fn: LossFn = ppo_loss,
-        gather_batch: bool = False,
-    ) -> None:
+    def __init__(self, seed: int) -> None:
         import jax
         from jax.sharding import Mesh, NamedSharding
         from jax.sharding import PartitionSpec as P
 
-        from workbench.algos.ppo import ActorCritic, init_state, make_optimizer, make_update
-
-        self.config = config
         self.seed = seed
         self.mesh = Mesh(np.array(jax.devices()), (AXIS,))
         self.num_chips = self.mesh.size
         self._replicated = NamedSharding(self.mesh, P())
         self._per_env = NamedSharding(self.mesh, P(None, AXIS))
         self._per_chip = NamedSharding(self.mesh, P(AXIS))
-        self.network = ActorCritic(num_actions, tuple(config.hidden_sizes))
-        optimizer = make_optimizer(config, num_updates)
-        update = make_update(
-            self.network, optimizer, config, loss_fn, axis_name=AXIS, gather_batch=gather_batch
-        )
-
-        def local_update(state, trajectory, key, stop):
-            if not gather_batch:
-                # Each chip shuffles its own data, so each needs its own key.
-                key = jax.random.fold_in(key, jax.lax.axis_index(AXIS))
-            state, metrics = update(state, trajectory, key)
-            # NOTE: agreeing on "stop" inside the same program costs no extra collective
-            # round trip, and every chip leaves the loop after the same update.
-            return state, metrics, jax.lax.pmax(stop, AXIS)[0]
-
-        trajectory_specs = Trajectory(*([P(None, AXIS)] * 8), last_value=P(AXIS))
-        self._update = jax.jit(
-            jax.shard_map(
-                local_update,
-                mesh=self.mesh,
-                in_specs=(P(), trajectory_specs, P(), P(AXIS)),
-                out_specs=(P(), P(), P()),
-                # NOTE: JAX cannot prove that steps over a gathered batch leave every chip
-                # equal, so the static check is off in that mode; the tests compare every
-                # chip's state digest instead.
-                check_vma=not gather_batch,
-            ),
-            donate_argnums=(0,),
-        )
-        make_state = jax.jit(
-            lambda: init_state(self.network, optimizer, obs_example, seed),
-            out_shardings=self._replicated,
-        )
-        self.state = make_state()
+        self.state = None
         # Kept on the host too, so the per-update key needs no device read.
         self._updates = 0
-
-    # -- state -------------------------------------------------------------------------
 
     @property
     def update_count(self) -> int:
@@ -186,7 +142,78 @@ class Learner:
 
         return jax.make_array_from_process_local_data(self._replicated, np.asarray(value))
 
-    # -- update ------------------------------------------------------------------------
+    def _update_key(self):
+        """The same key on every chip for this update (seed and update count only)."""
+        import jax
+
+        return self._replicate(
+            np.asarray(jax.random.key_data(
+                jax.random.fold_in(jax.random.PRNGKey(self.seed), self._updates)
+            ))
+        )
+
+    def _stop_flag(self, stop: bool):
+        import jax
+
+        return jax.make_array_from_process_local_data(
+            self._per_chip, np.asarray([int(stop)], np.int32)
+        )
+
+
+class Learner(MeshLearner):
+    """One chip's share of PPO learning from rollout actors' batches."""
+
+    def __init__(
+        self,
+        obs_example: np.ndarray,
+        num_actions: int,
+        config: PPOConfig,
+        num_updates: int,
+        seed: int,
+        loss_fn: LossFn = ppo_loss,
+        gather_batch: bool = False,
+    ) -> None:
+        import jax
+        from jax.sharding import PartitionSpec as P
+
+        from workbench.algos.ppo import ActorCritic, init_state, make_optimizer, make_update
+
+        super().__init__(seed)
+        self.config = config
+        self.network = ActorCritic(num_actions, tuple(config.hidden_sizes))
+        optimizer = make_optimizer(config, num_updates)
+        update = make_update(
+            self.network, optimizer, config, loss_fn, axis_name=AXIS, gather_batch=gather_batch
+        )
+
+        def local_update(state, trajectory, key, stop):
+            if not gather_batch:
+                # Each chip shuffles its own data, so each needs its own key.
+                key = jax.random.fold_in(key, jax.lax.axis_index(AXIS))
+            state, metrics = update(state, trajectory, key)
+            # NOTE: agreeing on "stop" inside the same program costs no extra collective
+            # round trip, and every chip leaves the loop after the same update.
+            return state, metrics, jax.lax.pmax(stop, AXIS)[0]
+
+        trajectory_specs = Trajectory(*([P(None, AXIS)] * 8), last_value=P(AXIS))
+        self._update = jax.jit(
+            jax.shard_map(
+                local_update,
+                mesh=self.mesh,
+                in_specs=(P(), trajectory_specs, P(), P(AXIS)),
+                out_specs=(P(), P(), P()),
+                # NOTE: JAX cannot prove that steps over a gathered batch leave every chip
+                # equal, so the static check is off in that mode; the tests compare every
+                # chip's state digest instead.
+                check_vma=not gather_batch,
+            ),
+            donate_argnums=(0,),
+        )
+        make_state = jax.jit(
+            lambda: init_state(self.network, optimizer, obs_example, seed),
+            out_shardings=self._replicated,
+        )
+        self.state = make_state()
 
     def update(self, batches: Sequence[RolloutBatch], stop: bool = False) -> UpdateResult:
         """Apply one update with this chip's rollouts; all chips must call it together."""
@@ -210,15 +237,9 @@ class Learner:
                 self._per_chip, trajectory.last_value
             ),
         )
-        key = self._replicate(
-            np.asarray(jax.random.key_data(
-                jax.random.fold_in(jax.random.PRNGKey(self.seed), self._updates)
-            ))
+        self.state, metrics, any_stop = self._update(
+            self.state, global_trajectory, self._update_key(), self._stop_flag(stop)
         )
-        flag = jax.make_array_from_process_local_data(
-            self._per_chip, np.asarray([int(stop)], np.int32)
-        )
-        self.state, metrics, any_stop = self._update(self.state, global_trajectory, key, flag)
         self._updates += 1
         metrics = {k: float(v) for k, v in to_numpy(metrics).items()}
         return UpdateResult(metrics, bool(to_numpy(any_stop)), time.perf_counter() - started)

@@ -229,11 +229,12 @@ def make_update(
     - ``gather_batch=False``: each chip steps through minibatches of its own data and the
       gradient is averaged over chips at every minibatch (one all-reduce each). Compute
       scales with chips; right when a collective costs microseconds (ICI).
-    - ``gather_batch=True``: the trajectories of all chips are gathered once per update and
-      every chip runs the same minibatch steps over the whole batch (same shuffle key), so
-      each gradient is the global-minibatch gradient with no further collective. Right
-      when a collective costs milliseconds and the network is small, as with CPU
-      processes sharing a few cores.
+    - ``gather_batch=True``: the trajectories of all chips are gathered once per update;
+      the first chip runs the minibatch steps over the whole batch, so each gradient is
+      the global-minibatch gradient, and sends the new state to the others (two
+      collectives per update). Right when a collective costs milliseconds and the network
+      is small, as with CPU processes sharing a few cores: the other chips' processes
+      leave the cores to the one doing the work.
 
     Args:
         network: the flax module whose ``apply`` gives ``(logits, values)``.
@@ -246,7 +247,7 @@ def make_update(
 
     Returns:
         ``update(state, trajectory, key) -> (state, metrics)``, pure and jittable. With
-        ``gather_batch`` the key must be the same on every chip; otherwise it may differ.
+        ``gather_batch`` only the first chip's key is used; otherwise each chip's is.
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     gather = bool(axis_name) and gather_batch
@@ -260,13 +261,26 @@ def make_update(
         return unravel(jax.lax.pmean(flat, axis_name))
 
     def update(state: LearnerState, trajectory: Trajectory, key: jax.Array):
-        if gather:
-            # NOTE: the one collective of the update; afterwards every chip holds the
-            # whole batch, in the same order, and computes the same steps.
-            trajectory = Trajectory(
-                *[jax.lax.all_gather(x, axis_name, axis=1, tiled=True) for x in trajectory[:8]],
-                last_value=jax.lax.all_gather(trajectory.last_value, axis_name, tiled=True),
-            )
+        if not gather:
+            return learn(state, trajectory, key)
+        # NOTE: the first of the update's two collectives: the leader gets every chip's
+        # trajectories. The others compute nothing and wait for the second, which hands
+        # them the leader's result, so every chip ends with the same state, bit for bit.
+        trajectory = Trajectory(
+            *[jax.lax.all_gather(x, axis_name, axis=1, tiled=True) for x in trajectory[:8]],
+            last_value=jax.lax.all_gather(trajectory.last_value, axis_name, tiled=True),
+        )
+        leader = jax.lax.axis_index(axis_name) == 0
+        shapes = jax.eval_shape(learn, state, trajectory, key)
+        result = jax.lax.cond(
+            leader,
+            lambda: learn(state, trajectory, key),
+            lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes),
+        )
+        flat, unravel = ravel_pytree(result)
+        return unravel(jax.lax.psum(jnp.where(leader, flat, 0), axis_name))
+
+    def learn(state: LearnerState, trajectory: Trajectory, key: jax.Array):
         advantages, returns = gae(
             trajectory.rewards,
             trajectory.values,

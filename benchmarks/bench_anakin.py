@@ -1,0 +1,199 @@
+"""Anakin PPO on CartPole: on a simulated slice, in one plain process, against the
+actors mode and RLlib's PPO, all in one invocation on the same machine.
+
+    .venv/bin/python benchmarks/bench_anakin.py --seeds 0,1,2
+
+Four runs per seed, each in its own subprocess (this file, ``--worker KIND``), with the
+whole process tree's peak RSS and CPU time sampled as in ``bench_ppo_vs_rllib.py``:
+
+  anakin  ``workbench train --mode anakin --env workbench/CartPole-v1`` on a simulated v6e
+          2x2: four learner processes joined by jax.distributed, each stepping 16 JAX
+          CartPoles on its "chip", rollout and update in one compiled program.
+  single  the same ``AnakinLearner`` in one plain process without Ray, with the same
+          global batch (64 envs x 64 steps) and PPO hyperparameters: the ceiling on this
+          CPU, what spreading over chips is measured against.
+  actors  the actors mode with gymnasium's CartPole-v1 on the same simulated slice.
+  rllib   RLlib's PPO with its tuned CartPole settings (needs the ``baseline`` extra).
+
+Targets as in the engine: the training target is a mean of the last 100 training episodes
+>= 475; times are seconds of training loop from its start (cold start, which includes the
+compile, is reported apart). Goals: Anakin's time to the target within 2x of the single
+process's and its env-steps/s at least half of it; Anakin at least 30x faster to the
+target than RLlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_ppo_vs_rllib import (  # noqa: E402
+    TARGET_RETURN,
+    Record,
+    code_revision,
+    machine,
+    medians,
+    process_age_s,
+    ratio,
+    rllib_worker,
+    run_worker,
+    speedup_goal,
+    workbench_worker,
+)
+
+JAX_CARTPOLE = "workbench/CartPole-v1"
+SIMULATED_CHIPS = 4  # v6e 2x2
+KINDS = ("anakin", "single", "actors", "rllib")
+
+
+def single_worker(seed: int, total_env_steps: int) -> Record:
+    """The Anakin learner in this one process, no Ray: one CPU device holds every env."""
+    from workbench.learner import configure_jax_platform
+
+    configure_jax_platform("cpu")
+    from workbench.anakin import AnakinLearner
+    from workbench.engine import TrainConfig
+    from workbench.envs import make_jax
+    from workbench.metrics import MetricsLog, UpdateRecord
+    from workbench.rollout import RolloutWorker
+
+    imports_s = process_age_s()
+    config = TrainConfig(env=JAX_CARTPOLE, mode="anakin", total_env_steps=total_env_steps,
+                         seed=seed)
+    num_updates = config.num_updates(SIMULATED_CHIPS)
+    started = time.monotonic()
+    learner = AnakinLearner(make_jax(JAX_CARTPOLE), config.envs_per_chip * SIMULATED_CHIPS,
+                            config.rollout_length, config.ppo, num_updates, seed)
+    compile_s = learner.compile()
+    cold_start_s = time.monotonic() - started
+    log = MetricsLog(1, TARGET_RETURN)
+    env_steps = 0
+    loop_start = time.time()
+    for update in range(num_updates):
+        result = learner.step()
+        env_steps += learner.steps_per_update
+        log.add(UpdateRecord(update + 1, 0, time.time(), env_steps, learner.steps_per_update,
+                             list(result.episode_returns), result.step_s, result.metrics))
+        if log.train_target is not None:
+            break
+    loop_s = time.time() - loop_start
+    evaluator = RolloutWorker(JAX_CARTPOLE, 1, 1, seed + 999_983, config.ppo.hidden_sizes)
+    final = evaluator.evaluate(learner.params_numpy(), config.eval_episodes)
+    target = log.train_target
+    return {
+        "side": "single",
+        "imports_s": round(imports_s, 3),
+        "compile_s": round(compile_s, 3),
+        "cold_start_s": round(cold_start_s, 3),
+        "loop_s": round(loop_s, 3),
+        "env_steps": env_steps,
+        "updates": learner.update_count,
+        "env_steps_per_s": round(env_steps / loop_s, 1),
+        "time_to_train_target_s": None if target is None else round(target["time"] - loop_start,
+                                                                    3),
+        "env_steps_to_train_target": None if target is None else target["env_steps"],
+        "final_return": float(sum(final) / len(final)),
+    }
+
+
+def summarize(runs: dict[str, list[Record]]) -> Record:
+    median = {kind: medians(records) for kind, records in runs.items() if records}
+    anakin, single = median.get("anakin"), median.get("single")
+    goals: Record = {}
+    if anakin and single:
+        slowdown = ratio(anakin["time_to_train_target_s"], single["time_to_train_target_s"])
+        share = ratio(anakin["env_steps_per_s"], single["env_steps_per_s"])
+        goals["anakin_time_to_target_within_2x_of_single_process"] = {
+            "anakin_over_single": slowdown, "need_at_most": 2.0,
+            "met": None if slowdown is None else slowdown <= 2.0}
+        goals["anakin_env_steps_per_s_at_least_half_of_single_process"] = {
+            "anakin_over_single": share, "need_at_least": 0.5,
+            "met": None if share is None else share >= 0.5}
+    if anakin and runs.get("rllib"):
+        goal = speedup_goal(runs["rllib"], runs["anakin"], "time_to_train_target_s", 30.0)
+        goals["anakin_at_least_30x_faster_to_target_than_rllib"] = goal
+    ratios = {
+        f"env_steps_per_s_{kind}_over_rllib": ratio(m["env_steps_per_s"],
+                                                    median["rllib"]["env_steps_per_s"])
+        for kind, m in median.items() if kind != "rllib" and "rllib" in median
+    }
+    if anakin and "actors" in median:
+        ratios["time_to_train_target_actors_over_anakin"] = ratio(
+            median["actors"]["time_to_train_target_s"], anakin["time_to_train_target_s"])
+    return {"median": median, "ratios": ratios, "goals": goals}
+
+
+def run_benchmark(args: argparse.Namespace) -> Record:
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        raise SystemExit(f"unknown --kinds {unknown}; choose from {', '.join(KINDS)}")
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-anakin-"))
+    started = time.monotonic()
+    before = machine()
+    runs: dict[str, list[Record]] = {kind: [] for kind in kinds}
+    options = {
+        "anakin": ["--env-steps", str(args.env_steps)],
+        "single": ["--env-steps", str(args.env_steps)],
+        "actors": ["--env-steps", str(args.env_steps)],
+        "rllib": ["--rllib-max-env-steps", str(args.rllib_max_env_steps)],
+    }
+    for seed in seeds:
+        for kind in kinds:
+            record = run_worker(kind, seed, options[kind], args.worker_timeout_s, log_dir,
+                                args.startup_retries, script=Path(__file__).resolve())
+            record.pop("curve", None)
+            runs[kind].append(record)
+    return {
+        "benchmark": "anakin",
+        "seeds": seeds,
+        "env_steps_budget": args.env_steps,
+        "code": code_revision(),
+        "machine_before": before,
+        "machine_after": machine(),
+        "total_s": round(time.monotonic() - started, 1),
+        "logs": str(log_dir),
+        **summarize(runs),
+        "runs": runs,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"which runs, comma-separated, of {', '.join(KINDS)}")
+    parser.add_argument("--env-steps", type=int, default=500_000,
+                        help="env-step budget of the workbench runs (they stop at the target)")
+    parser.add_argument("--rllib-max-env-steps", type=int, default=300_000)
+    parser.add_argument("--worker-timeout-s", type=float, default=3600.0)
+    parser.add_argument("--startup-retries", type=int, default=2)
+    parser.add_argument("--worker", choices=KINDS, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is None:
+        print(json.dumps(run_benchmark(args), indent=1))
+        return
+    if args.worker == "anakin":
+        record = workbench_worker(args.seed, args.env_steps, mode="anakin", env=JAX_CARTPOLE)
+    elif args.worker == "actors":
+        record = workbench_worker(args.seed, args.env_steps)
+    elif args.worker == "single":
+        record = single_worker(args.seed, args.env_steps)
+    else:
+        record = rllib_worker(args.seed, args.rllib_max_env_steps, eval_every=5)
+    record["side"] = args.worker
+    Path(args.out).write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()
