@@ -114,8 +114,11 @@ def test_bad_training_configs_are_refused_before_anything_starts(cluster, config
 
 
 def test_resuming_from_a_path_that_is_not_a_checkpoint_says_so(tmp_path):
-    with pytest.raises(checkpoint.CheckpointError, match="holds no workbench checkpoint"):
+    with pytest.raises(checkpoint.CheckpointError, match="does not exist"):
         checkpoint.restore(str(tmp_path / "nothing-here"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(checkpoint.CheckpointError, match="holds no workbench checkpoint"):
+        checkpoint.restore(str(tmp_path / "empty"))
 
 
 def test_tpu_process_environment_for_one_process_per_chip():

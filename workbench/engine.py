@@ -7,6 +7,8 @@ the object store and push one metrics record per update to a small board actor.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import logging
 import time
@@ -63,8 +65,12 @@ class TrainConfig:
     """Continue from the latest checkpoint in ``checkpoint_dir``."""
     sync: str = "auto"
     """How chips stay equal: ``"gradients"`` (an all-reduce per minibatch), ``"batch"``
-    (gather the batch once per update, identical steps on every chip), or ``"auto"``:
-    ``batch`` for CPU learners (the simulated slice), ``gradients`` on TPUs."""
+    (gather the batch once per update; one chip learns from it and sends the result to
+    the others), or ``"auto"``: ``batch`` for CPU learners (the simulated slice),
+    ``gradients`` on TPUs."""
+    max_restarts: int = 2
+    """Times a run starts again on an intact slice after a learner or a host is lost,
+    from the last checkpoint in ``checkpoint_dir`` (from scratch without one)."""
 
     @property
     def steps_per_update(self) -> int:
@@ -84,7 +90,7 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive whole number, got {value!r}.")
         if self.total_env_steps > 10**10:
             raise ValueError(f"total_env_steps={self.total_env_steps} is beyond any run here.")
-        for name in ("eval_every", "checkpoint_every", "seed"):
+        for name in ("eval_every", "checkpoint_every", "seed", "max_restarts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a whole number >= 0, got {value!r}.")
@@ -120,6 +126,14 @@ class TrainResult:
     seed: int
     updates: int
     checkpoint: str | None
+    restarts: int = 0
+    """Times the run started again on an intact slice after losing a learner or host."""
+    env_steps_redone: int = 0
+    """Env steps learned before a loss and lost with it (after the last checkpoint)."""
+    recovery_s: float = 0.0
+    """Seconds spent getting an intact slice back after losses."""
+    rollout_actors_replaced: int = 0
+    """Rollout actors that died and were replaced (their batch in flight was lost)."""
     chip_state_digests: list[str] = field(default_factory=list)
     """SHA-256 of each chip's parameters and optimizer state at the end; all equal."""
     curve: list[dict] = field(default_factory=list)
@@ -174,15 +188,18 @@ class ChipLearnerActor:
         configure_jax_platform(current_platform())
         return join_distributed(coordinator, self.num_chips, self.rank, timeout_s)
 
-    def setup(self, config: TrainConfig, loss_fn: LossFn, rollout, part: int, board) -> dict:
+    def setup(self, config: TrainConfig, loss_fn: LossFn, feed: tuple, board) -> dict:
         import jax
 
         from workbench import checkpoint
         from workbench.learner import current_platform
 
         self.config = config
-        self.rollout = rollout
-        self.part = part
+        # (keeper, actor index, part): the rollout actor that feeds this chip, found
+        # through the keeper, which replaces it if it dies.
+        self.keeper, self.rollout_index, self.part = feed
+        self.rollout = None
+        self.rollouts_replaced = 0
         self.board = board
         self.num_updates = config.num_updates(self.num_chips)
         gather = config.sync == "batch" or (config.sync == "auto" and current_platform() == "cpu")
@@ -209,7 +226,12 @@ class ChipLearnerActor:
             self.learner.load_state_leaves(checkpoint.unpack(saved), int(saved["update"]))
             self.start_update = int(saved["update"])
             self.env_steps = int(saved["env_steps"])
-        return {"devices": jax.device_count(), "start_update": self.start_update}
+        if self.keeper is not None:
+            import ray
+
+            self.rollout = ray.get(self.keeper.actor.remote(self.rollout_index))
+        return {"devices": jax.device_count(), "start_update": self.start_update,
+                "env_steps": self.env_steps}
 
     def _sample_all(self, version: int) -> list:
         import ray
@@ -236,7 +258,17 @@ class ChipLearnerActor:
         """One update from the rollout actors' batches: (result, steps, returns, versions)."""
         import ray
 
-        batches = ray.get(self._futures)
+        try:
+            batches = ray.get(self._futures)
+        except ray.exceptions.RayActorError:
+            # The rollout actor died: only its batch in flight is lost. Every learner it
+            # fed asks the keeper, which starts one replacement for all of them.
+            dead = self.rollout._actor_id.hex()
+            self.rollout = ray.get(self.keeper.replace.remote(self.rollout_index, dead))
+            self.rollouts_replaced += 1
+            log.warning("chip %d: rollout actor %s died; continuing with a new one",
+                        self.rank, dead[:8])
+            batches = ray.get(self._sample_all(update))
         # NOTE: the next rollout starts now with the current parameters and runs while
         # this update computes, so rollouts are exactly one policy version behind the
         # learner, on every chip and every run alike (reproducible).
@@ -295,6 +327,7 @@ class ChipLearnerActor:
             "loop_start": loop_start,
             "checkpoint": last_saved,
             "params": self.learner.params_numpy() if self.rank == 0 else None,
+            "rollouts_replaced": self.rollouts_replaced,
         }
 
     def params_digest(self) -> str:
@@ -309,7 +342,190 @@ class ChipLearnerActor:
 def _remote(cls, **options):
     import ray
 
-    return ray.remote(**options)(cls)
+    return ray.remote(**options)(cls) if options else ray.remote(cls)
+
+
+class RolloutKeeper:
+    """Owns a run's rollout actors (as a Ray actor) and replaces one that dies.
+
+    Learners find their rollout actor here; when one dies, each learner it fed asks for
+    a replacement and all of them get the same new actor.
+    """
+
+    def __init__(self, specs: list[tuple[dict, tuple]]) -> None:
+        import threading
+
+        from workbench.rollout import SharedRollout
+
+        self._cls = _remote(SharedRollout)
+        self._specs = specs
+        self._lock = threading.Lock()
+        self.actors = [self._start(i) for i in range(len(specs))]
+        self.replaced = 0
+
+    def _start(self, index: int):
+        options, args = self._specs[index]
+        return self._cls.options(**options).remote(*args)
+
+    def actor(self, index: int):
+        return self.actors[index]
+
+    def replace(self, index: int, dead_actor_id: str):
+        with self._lock:
+            if self.actors[index]._actor_id.hex() == dead_actor_id:
+                self.actors[index] = self._start(index)
+                self.replaced += 1
+            return self.actors[index]
+
+
+class ChipLost(RuntimeError):
+    """A learner of the slice died (killed, or its host was lost)."""
+
+
+class _Attempt:
+    """The learners (and rollout actors) of one attempt at a run on the slice."""
+
+    def __init__(self, tpu_slice: Slice, config: TrainConfig, board) -> None:
+        self.slice = tpu_slice
+        self.config = config
+        self.board = board
+        self.learners: list = []
+        self.keeper = None
+        self.runs: list = []
+
+    def start(self, loss_fn: LossFn, distributed_timeout_s: float) -> dict:
+        """Start every chip's learner, join them, set up and compile. Returns rank 0's
+        setup (``start_update``, ``env_steps``)."""
+        import ray
+
+        from workbench.learner import DistributedStartError
+
+        started = time.monotonic()
+        tpu_slice, config = self.slice, self.config
+        num_chips = tpu_slice.num_chips
+        Learner = _remote(ChipLearnerActor, num_cpus=1, resources={"TPU": 1},
+                          max_concurrency=2)
+        self.learners = [
+            Learner.options(scheduling_strategy=tpu_slice.scheduling(chip.rank)).remote(
+                chip.rank, num_chips
+            )
+            for chip in tpu_slice.chips
+        ]
+        feeds = self._start_rollouts()
+        coordinator = ray.get(self.learners[0].coordinator_address.remote(), timeout=120)
+        log.info("learner 0 up after %.1f s", time.monotonic() - started)
+        joins = [lr.join.remote(coordinator, distributed_timeout_s) for lr in self.learners]
+        ready, _ = ray.wait(joins, num_returns=len(joins), timeout=distributed_timeout_s + 30)
+        missing = [rank for rank, ref in enumerate(joins) if ref not in ready]
+        if missing:
+            raise DistributedStartError(
+                f"Learners of ranks {missing} (of {num_chips}) did not join the jax.distributed "
+                f"group at {coordinator} within {distributed_timeout_s:g} s. Check that their "
+                "hosts are alive (wb.list_slices()) and retry, or raise distributed_timeout_s."
+            )
+        ray.get(joins)
+        log.info("jax.distributed joined after %.1f s", time.monotonic() - started)
+        setups = ray.get([
+            lr.setup.remote(config, loss_fn, feed, self.board)
+            for lr, feed in zip(self.learners, feeds, strict=True)
+        ], timeout=600)
+        ray.get([lr.warm_up.remote() for lr in self.learners], timeout=600)
+        log.info("learners set up and compiled after %.1f s", time.monotonic() - started)
+        return setups[0]
+
+    def _start_rollouts(self) -> list[tuple]:
+        """Each host's chips are split among its rollout actors; an actor sits in the
+        bundle of the first chip it feeds and serves its chips' learners in rank order.
+        Anakin mode has none: each learner steps its own JAX envs."""
+        tpu_slice, config = self.slice, self.config
+        feeds: list[tuple] = [(None, 0, 0)] * tpu_slice.num_chips
+        if config.mode == "anakin":
+            return feeds
+        per_host = config.rollout_actors_per_host
+        share = tpu_slice.shape.chips_per_host // per_host
+        # Rollout actors never use a TPU: keep JAX on the CPU in their processes.
+        cpu_env = {"env_vars": {"JAX_PLATFORMS": "cpu"}}
+        specs = []
+        for host in tpu_slice.hosts:
+            for k in range(per_host):
+                ranks = host.chips[k * share:(k + 1) * share]
+                options = dict(num_cpus=1, runtime_env=cpu_env, max_concurrency=share,
+                               scheduling_strategy=tpu_slice.scheduling(ranks[0]))
+                args = (config.env, config.envs_per_chip, share, config.rollout_length,
+                        config.seed * 10_007 + host.worker_id * per_host + k,
+                        config.ppo.hidden_sizes)
+                for part, rank in enumerate(ranks):
+                    feeds[rank] = (len(specs), part)
+                specs.append((options, args))
+        self.keeper = _remote(RolloutKeeper, num_cpus=0, max_concurrency=len(feeds) + 1).options(
+            scheduling_strategy=tpu_slice.scheduling(0)
+        ).remote(specs)
+        return [(self.keeper, index, part) for index, part in feeds]
+
+    def launch(self) -> None:
+        self.runs = [lr.train.remote() for lr in self.learners]
+
+    def request_stop(self) -> None:
+        import ray
+
+        # Rank 0's flag reaches every chip through the update's own collective.
+        ray.get(self.learners[0].request_stop.remote(), timeout=30)
+
+    def finished(self, poll_s: float) -> bool:
+        """Whether every learner's loop has ended; raises ``ChipLost`` if one died."""
+        import ray
+
+        done, _ = ray.wait(self.runs, num_returns=len(self.runs), timeout=poll_s)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as error:
+                raise ChipLost(f"learner of rank {self.runs.index(ref)} died: {error}") from None
+            except ray.exceptions.RayTaskError as error:
+                # A chip's loss shows first, in the others, as a failed collective.
+                if self._dead_learners():
+                    raise ChipLost(f"learners {self._dead_learners()} died") from error
+                raise
+        return len(done) == len(self.runs)
+
+    def _dead_learners(self) -> list[int]:
+        from ray._private.state import actors
+
+        table = actors()
+        return [rank for rank, lr in enumerate(self.learners)
+                if table.get(lr._actor_id.hex(), {}).get("State") == "DEAD"]
+
+    def kill(self) -> None:
+        import ray
+
+        for actor in self.learners + ([self.keeper] if self.keeper else []):
+            ray.kill(actor)
+
+
+def _driver_node_affinity():
+    """Keep run-wide helpers (metrics, evaluation) off the slice: a lost host must not
+    take the run's history with it."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+
+
+_active_stops: set = set()
+"""Stop events of runs in progress in this process; set at interpreter exit."""
+
+
+@atexit.register
+def _stop_active_runs(grace_s: float = 4.0) -> None:
+    # NOTE: a kernel shutting down (or a CLI exiting) while a run trains in another
+    # thread: ask the run to stop, so the learners write a final checkpoint, and give
+    # it a few seconds before the process (and with it every actor it owns) goes.
+    events = list(_active_stops)
+    for event in events:
+        event.set()
+    deadline = time.monotonic() + grace_s
+    while any(event in _active_stops for event in events) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def train(
@@ -321,20 +537,32 @@ def train(
     poll_s: float = 0.5,
     distributed_timeout_s: float = 120.0,
     should_stop: Callable[[], bool] | None = None,
+    recover_timeout_s: float = 300.0,
+    stop_grace_s: float = 4.0,
 ) -> TrainResult:
     """Train PPO on every chip of a reserved slice.
 
+    A run survives the loss of a rollout actor (it is replaced; only its batch in flight
+    is lost) and of a learner or a host (the slice is given back, an intact one of the
+    same shape is reserved in its place on the same handle, and the run carries on from
+    the last checkpoint; ``config.max_restarts`` times at most). An interrupt (Ctrl-C,
+    a notebook's KeyboardInterrupt, interpreter exit) stops it within ``stop_grace_s``
+    after the current update, with a final checkpoint, and re-raises.
+
     Args:
-        tpu_slice: a slice from :func:`workbench.reserve` with ``cpus_per_chip`` at least
-            2 (a learner and, in some bundles, a rollout actor).
+        tpu_slice: a slice from :func:`workbench.reserve` (``cpus_per_chip`` at least 2
+            in actors mode: a learner and, in some bundles, a rollout actor).
         config: what to learn; defaults to PPO on CartPole-v1 for 500k env steps.
         loss_fn: ``loss_fn(params, apply_fn, batch, config) -> (loss, metrics)``; the PPO
             loss unless you plug in your own.
-        on_update: called on the driver with each new update's aggregated metrics.
+        on_update: called on the driver with each new update's aggregated metrics (after a
+            restart, the updates redone from the checkpoint come again).
         poll_s: how often the driver reads the metrics board.
         distributed_timeout_s: deadline for the learners to form one jax.distributed group.
         should_stop: polled with the metrics; returning True ends training cleanly after the
             current update (with a final checkpoint).
+        recover_timeout_s: how long to wait for an intact slice after a lost host.
+        stop_grace_s: how long an interrupted run may take to stop cleanly.
 
     Returns:
         The run's :class:`TrainResult`.
@@ -342,10 +570,15 @@ def train(
     Raises:
         ValueError: a config that cannot work (nothing is started).
         DistributedStartError: the learners did not join in time; names the missing ranks.
+        ChipLost: learners were lost more than ``config.max_restarts`` times.
+        SliceUnavailableError: no intact slice came back after a loss.
     """
+    import threading
+
     import ray
 
-    from workbench.learner import DistributedStartError
+    from workbench import checkpoint
+    from workbench.rollout import RolloutWorker
 
     config = config or TrainConfig()
     config.validate()
@@ -353,10 +586,9 @@ def train(
     if tpu_slice.released:
         raise ValueError("This slice has been released; reserve a slice and train on that.")
     chips_per_host = tpu_slice.shape.chips_per_host
-    actors_per_host = config.rollout_actors_per_host
-    if chips_per_host % actors_per_host:
+    if config.mode == "actors" and chips_per_host % config.rollout_actors_per_host:
         raise ValueError(
-            f"rollout_actors_per_host={actors_per_host} does not divide the "
+            f"rollout_actors_per_host={config.rollout_actors_per_host} does not divide the "
             f"{chips_per_host} chips of a {tpu_slice.shape.label} host; use a divisor of "
             f"{chips_per_host}."
         )
@@ -366,106 +598,96 @@ def train(
             "rollout actor placed beside it need 2: reserve with cpus_per_chip=2."
         )
     started = time.monotonic()
-    from workbench.rollout import RolloutWorker, SharedRollout
-
     num_chips = tpu_slice.num_chips
-    # Rollout actors never use a TPU: keep JAX on the CPU in their processes.
-    cpu_env = {"env_vars": {"JAX_PLATFORMS": "cpu"}}
-    actors: list = []
+    stop_event = threading.Event()
+    _active_stops.add(stop_event)
+    helpers: list = []
+    attempt: _Attempt | None = None
+    restarts = env_steps_redone = 0
+    recovery_s = 0.0
+    loop_start: float | None = None
+    startup_s = 0.0
     try:
-        Evaluator = _remote(RolloutWorker, num_cpus=0, runtime_env=cpu_env)
-        Rollout = _remote(SharedRollout, num_cpus=1, runtime_env=cpu_env)
-        Learner = _remote(
-            ChipLearnerActor,
-            num_cpus=1,
-            resources={"TPU": 1},
-            max_concurrency=2,
+        placement = {"scheduling_strategy": _driver_node_affinity()}
+        cpu_env = {"env_vars": {"JAX_PLATFORMS": "cpu"}}
+        evaluator = _remote(RolloutWorker, num_cpus=0, runtime_env=cpu_env).options(
+            **placement
+        ).remote(config.env, 1, 1, config.seed + 999_983, config.ppo.hidden_sizes)
+        board = _remote(MetricsBoard, num_cpus=0).options(**placement).remote(
+            num_chips, config.target_return, config.eval_episodes, evaluator
         )
-        evaluator = Evaluator.options(scheduling_strategy=tpu_slice.scheduling(0)).remote(
-            config.env, 1, 1, config.seed + 999_983, config.ppo.hidden_sizes
-        )
-        board = _remote(MetricsBoard, num_cpus=0).options(
-            scheduling_strategy=tpu_slice.scheduling(0)
-        ).remote(num_chips, config.target_return, config.eval_episodes, evaluator)
-        actors += [evaluator, board]
-        learners = [
-            Learner.options(scheduling_strategy=tpu_slice.scheduling(chip.rank)).remote(
-                chip.rank, num_chips
-            )
-            for chip in tpu_slice.chips
-        ]
-        # Each host's chips are split among its rollout actors; an actor sits in the
-        # bundle of the first chip it feeds and serves its chips' learners in rank order.
-        share = chips_per_host // actors_per_host
-        feeds: list[tuple] = [(None, 0)] * num_chips
-        rollouts = []
-        # Anakin mode has no rollout actors: each learner steps its own JAX envs.
-        hosts = tpu_slice.hosts if config.mode == "actors" else []
-        for host in hosts:
-            for k in range(actors_per_host):
-                ranks = host.chips[k * share:(k + 1) * share]
-                actor = Rollout.options(
-                    scheduling_strategy=tpu_slice.scheduling(ranks[0]), max_concurrency=share
-                ).remote(
-                    config.env,
-                    config.envs_per_chip,
-                    share,
-                    config.rollout_length,
-                    config.seed * 10_007 + host.worker_id * actors_per_host + k,
-                    config.ppo.hidden_sizes,
-                )
-                rollouts.append(actor)
-                for part, rank in enumerate(ranks):
-                    feeds[rank] = (actor, part)
-        actors += learners + rollouts
-        coordinator = ray.get(learners[0].coordinator_address.remote(), timeout=120)
-        log.info("learner 0 up after %.1f s", time.monotonic() - started)
-        joins = [lr.join.remote(coordinator, distributed_timeout_s) for lr in learners]
-        ready, _ = ray.wait(joins, num_returns=len(joins), timeout=distributed_timeout_s + 30)
-        missing = [rank for rank, ref in enumerate(joins) if ref not in ready]
-        if missing:
-            raise DistributedStartError(
-                f"Learners of ranks {missing} (of {num_chips}) did not join the jax.distributed "
-                f"group at {coordinator} within {distributed_timeout_s:g} s. Check that their "
-                "hosts are alive (wb.list_slices()) and retry, or raise distributed_timeout_s."
-            )
-        ray.get(joins)
-        log.info("jax.distributed joined after %.1f s", time.monotonic() - started)
-        ray.get([
-            lr.setup.remote(config, loss_fn, actor, part, board)
-            for lr, (actor, part) in zip(learners, feeds, strict=True)
-        ], timeout=600)
-        log.info("learners set up after %.1f s", time.monotonic() - started)
-        ray.get([lr.warm_up.remote() for lr in learners], timeout=600)
-        log.info("warm-up compiled after %.1f s", time.monotonic() - started)
-        startup_s = time.monotonic() - started
-        runs = [lr.train.remote() for lr in learners]
+        helpers += [evaluator, board]
+        attempt_config = config
         seen = 0
-        stop_sent = False
+        last_env_steps = 0
         while True:
-            done, _ = ray.wait(runs, num_returns=len(runs), timeout=poll_s)
-            snapshot = ray.get(board.snapshot.remote(seen))
-            for row in snapshot["updates"]:
-                seen = row["update"]
-                if on_update is not None:
-                    on_update(row)
-            wants_stop = (should_stop is not None and should_stop()) or (
-                config.stop_at_target and snapshot["train_target_update"] is not None
-            )
-            if wants_stop and not stop_sent:
-                ray.get(learners[0].request_stop.remote())
-                stop_sent = True
-            if len(done) == len(runs):
+            attempt = _Attempt(tpu_slice, attempt_config, board)
+            try:
+                setup = attempt.start(loss_fn, distributed_timeout_s)
+                if restarts:
+                    env_steps_redone += max(0, last_env_steps - setup["env_steps"])
+                    seen = setup["start_update"]
+                    ray.get(board.rewind.remote(seen))
+                else:
+                    startup_s = time.monotonic() - started
+                attempt.launch()
+                loop_start = loop_start or time.time()
+                stop_sent = False
+                while True:
+                    finished = attempt.finished(poll_s)
+                    snapshot = ray.get(board.snapshot.remote(seen))
+                    for row in snapshot["updates"]:
+                        seen = row["update"]
+                        last_env_steps = row["env_steps"]
+                        if on_update is not None:
+                            on_update(row)
+                    wants_stop = (
+                        stop_event.is_set()
+                        or (should_stop is not None and should_stop())
+                        or (config.stop_at_target and snapshot["train_target_update"] is not None)
+                    )
+                    if wants_stop and not stop_sent:
+                        attempt.request_stop()
+                        stop_sent = True
+                    if finished:
+                        break
                 break
-        outcomes = ray.get(runs)
-        digests = ray.get([lr.params_digest.remote() for lr in learners])
+            except ChipLost as lost:
+                if restarts >= config.max_restarts:
+                    raise ChipLost(
+                        f"{lost} (after {restarts} restart(s), the most config.max_restarts "
+                        "allows). Check the cluster's hosts with wb.list_slices()."
+                    ) from lost
+                log.warning("%s; restarting on an intact slice", lost)
+                attempt.kill()
+                recovering = time.monotonic()
+                tpu_slice.recover(timeout_s=recover_timeout_s)
+                restarts += 1
+                has_checkpoint = bool(config.checkpoint_dir) and (
+                    checkpoint.latest_step(config.checkpoint_dir) is not None
+                )
+                attempt_config = dataclasses.replace(config, resume=has_checkpoint)
+                recovery_s += time.monotonic() - recovering
+            except KeyboardInterrupt:
+                # NOTE: stop after the current update (rank 0 writes a final checkpoint),
+                # within the grace period; a second interrupt ends it at once.
+                if attempt.runs:
+                    with contextlib.suppress(Exception):
+                        attempt.request_stop()
+                        ray.wait(attempt.runs, num_returns=len(attempt.runs),
+                                 timeout=stop_grace_s)
+                raise
+        outcomes = ray.get(attempt.runs)
+        digests = ray.get([lr.params_digest.remote() for lr in attempt.learners])
         final = ray.get(evaluator.evaluate.remote(outcomes[0]["params"], config.eval_episodes))
         # Every chip's pushes were sent before its train() returned; read the history.
         summary = ray.get(board.snapshot.remote(0, True))
     finally:
-        for actor in actors:
+        _active_stops.discard(stop_event)
+        if attempt is not None:
+            attempt.kill()
+        for actor in helpers:
             ray.kill(actor)
-    loop_start = min(o["loop_start"] for o in outcomes)
     loop_end = max(r["time"] for r in summary["updates"]) if summary["updates"] else loop_start
     wall_s = loop_end - loop_start
     steps_run = sum(row["steps_this_update"] for row in summary["updates"])
@@ -488,6 +710,10 @@ def train(
         seed=config.seed,
         updates=outcomes[0]["updates"],
         checkpoint=outcomes[0]["checkpoint"],
+        restarts=restarts,
+        env_steps_redone=env_steps_redone,
+        recovery_s=round(recovery_s, 3),
+        rollout_actors_replaced=max(o["rollouts_replaced"] for o in outcomes),
         chip_state_digests=digests,
         curve=summary["updates"],
     )

@@ -94,6 +94,14 @@ class MetricsLog:
         ):
             self.train_target = row
 
+    def rewind(self, update: int) -> None:
+        """Forget updates after ``update``: a restarted run redoes them from its last
+        checkpoint. Episodes already counted stay counted: they were played."""
+        self.rows = [r for r in self.rows if r["update"] <= update]
+        self.pending = {u: p for u, p in self.pending.items() if u <= update}
+        if self.train_target is not None and self.train_target["update"] > update:
+            self.train_target = None
+
     def add_eval(self, update: int, env_steps: int, mean_return: float, time: float) -> None:
         entry = {"update": update, "env_steps": env_steps, "mean_return": mean_return,
                  "time": time}
@@ -145,6 +153,9 @@ class MetricsBoard:
             else:
                 still.append((ref, update, env_steps))
         self.pending = still
+
+    def rewind(self, update: int) -> None:
+        self.log.rewind(update)
 
     def snapshot(self, since: int = 0, wait_evals: bool = False) -> dict:
         self._collect(wait_evals)

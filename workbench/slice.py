@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import time
 import weakref
 from dataclasses import dataclass
@@ -169,14 +170,49 @@ class Slice:
         return node_id
 
     def scheduling(self, rank: int):
-        """The scheduling strategy that pins a task or actor to chip ``rank``'s bundle."""
+        """The scheduling strategy that pins a task or actor to chip ``rank``'s bundle.
+
+        Raises:
+            ValueError: ``rank`` is not a chip of this slice.
+        """
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.num_chips:
+            raise ValueError(
+                f"Chip rank {rank!r} is not in this {self.shape.label} slice: ranks are whole "
+                f"numbers from 0 to {self.num_chips - 1}."
+            )
         return PlacementGroupSchedulingStrategy(
             placement_group=self.placement_group,
             placement_group_bundle_index=self.chips[rank].bundle_index,
             placement_group_capture_child_tasks=True,
         )
+
+    def recover(self, timeout_s: float = 300.0) -> None:
+        """Give back what is left of this slice and hold an intact one of the same shape
+        in its place: after a lost host, the run goes on with the same handle.
+
+        Raises:
+            SliceUnavailableError: no intact slice of the shape within ``timeout_s``; the
+                handle is then released.
+        """
+        if self._released:
+            raise ValueError("This slice has been released; reserve a new one instead.")
+        self._finalizer()
+        try:
+            fresh = reserve(self.shape.generation.name, self.shape.topology,
+                            timeout_s=timeout_s, cpus_per_chip=self.cpus_per_chip)
+        except BaseException:
+            self._released = True
+            _held.discard(self)
+            raise
+        # Adopt the new reservation; the temporary handle must not release it.
+        _held.discard(fresh)
+        fresh._finalizer.detach()
+        self._handle = fresh._handle
+        self._finalizer = weakref.finalize(self, self._handle.shutdown)
+        for cached in ("chips", "hosts", "name"):
+            self.__dict__.pop(cached, None)
 
     def release(self) -> None:
         """Give the slice back. Idempotent."""
@@ -283,9 +319,11 @@ def reserve(
     from ray.util.tpu import slice_placement_group
 
     shape = parse_shape(generation, topology)
-    for label, value in (("timeout_s", timeout_s), ("cpus_per_chip", cpus_per_chip)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{label} must be a positive number of seconds/CPUs, got {value!r}.")
+    for label, value, unit in (("timeout_s", timeout_s, "seconds"),
+                               ("cpus_per_chip", cpus_per_chip, "CPUs (fractions allowed)")):
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not numeric or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{label} must be a positive number of {unit}, got {value!r}.")
     if not ray.is_initialized():
         raise SliceUnavailableError(
             "Not connected to a Ray cluster: call wb.connect(address) for an existing "
