@@ -54,12 +54,20 @@ class SliceInfo:
         )
 
 
+def _free_resources_per_node() -> dict:
+    """Free resources of every node. Through Ray Client (a JupyterHub notebook) the
+    GCS is not reachable from here, so the lookup runs as a task in the cluster."""
+    from ray._private.client_mode_hook import client_mode_wrap
+    from ray._private.state import available_resources_per_node
+
+    return client_mode_wrap(available_resources_per_node)()
+
+
 def list_slices() -> list[SliceInfo]:
     """Every TPU slice the connected cluster has, found through its nodes' labels."""
     import ray
-    from ray._private.state import available_resources_per_node
 
-    available = available_resources_per_node()
+    available = _free_resources_per_node()
     groups: dict[str, list[dict]] = {}
     for node in ray.nodes():
         labels = node.get("Labels") or {}
