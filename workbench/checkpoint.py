@@ -64,6 +64,41 @@ def latest_step(directory: str) -> int | None:
     return max(steps) if steps else None
 
 
+def require_checkpoint(directory: object) -> int:
+    """The latest step of a checkpoint directory a run is asked to resume from.
+
+    Args:
+        directory: the ``checkpoint_dir`` of an earlier run.
+
+    Returns:
+        The number of its latest checkpoint.
+
+    Raises:
+        CheckpointError: ``directory`` is not a path, does not exist, is a file, or holds no
+            checkpoint; the message says which, and what to pass instead.
+    """
+    advice = ("Pass the checkpoint_dir of an earlier run (--checkpoint-dir), or leave resume "
+              "off to start fresh.")
+    if not isinstance(directory, (str, os.PathLike)) or not str(directory):
+        raise CheckpointError(
+            f"checkpoint_dir must be a directory path, got {directory!r}. {advice}"
+        )
+    path = Path(directory)
+    if not path.exists():
+        raise CheckpointError(f"Checkpoint directory {str(path)!r} does not exist. {advice}")
+    if not path.is_dir():
+        raise CheckpointError(
+            f"{str(path)!r} is a file, not a checkpoint directory. {advice}"
+        )
+    found = latest_step(str(path))
+    if found is None:
+        raise CheckpointError(
+            f"{str(path)!r} holds no workbench checkpoint (expected numbered step folders "
+            f"written by a run with checkpoint_dir set). {advice}"
+        )
+    return found
+
+
 def restore(directory: str, step: int | None = None) -> dict:
     """Load checkpoint ``step`` (default: the latest) of ``directory`` as numpy pytrees.
 
@@ -72,13 +107,7 @@ def restore(directory: str, step: int | None = None) -> dict:
     """
     import orbax.checkpoint as ocp
 
-    found = latest_step(directory)
-    if found is None:
-        raise CheckpointError(
-            f"{directory!r} holds no workbench checkpoint (expected numbered step folders "
-            "written by a run with checkpoint_dir set). Pass the checkpoint_dir of an earlier "
-            "run, or omit resume to start fresh."
-        )
+    found = require_checkpoint(directory)
     step = found if step is None else step
     with _manager(directory, create=False) as manager:
         restored = manager.restore(step, args=ocp.args.PyTreeRestore())

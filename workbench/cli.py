@@ -5,10 +5,48 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import time
+from collections.abc import Callable
+from typing import NoReturn
 
-from workbench.tpu import CatalogError, all_shapes, parse_generation
+from workbench.cluster import ClusterError, parse_address
+from workbench.slice import SliceUnavailableError
+from workbench.tpu import CatalogError, all_shapes, parse_generation, parse_shape
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes as one line that names the flag and what it takes, not a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}. `{self.prog} --help` lists every option.\n")
+
+
+def _whole(minimum: int) -> Callable[[str], int]:
+    """An argparse type for whole numbers of at least ``minimum``."""
+    wanted = "a positive whole number" if minimum == 1 else f"a whole number >= {minimum}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -115,11 +153,23 @@ def _train_config(args: argparse.Namespace):
     )
 
 
+def _check_before_start(args: argparse.Namespace) -> None:
+    """Refuse, before the slow imports, what would only fail once a cluster is up."""
+    parse_shape(args.generation, args.topology)
+    if getattr(args, "address", None):
+        parse_address(args.address)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     if args.algo != "ppo":
         raise ValueError(f"Unknown algorithm {args.algo!r}; available: ppo.")
+    _check_before_start(args)
     config = _train_config(args)
     config.validate()
+    if config.resume:
+        from workbench.checkpoint import require_checkpoint
+
+        require_checkpoint(config.checkpoint_dir)
     record = _run_training(args, config)
     summary = {k: v for k, v in record.items() if k != "curve"}
     print(json.dumps(summary, indent=1))
@@ -133,8 +183,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from workbench.engine import TrainConfig
 
     started = time.monotonic()
+    _check_before_start(args)
     config = TrainConfig(total_env_steps=args.total_env_steps, seed=args.seed,
                          stop_at_target=True)
+    config.validate()
     record = _run_training(args, config)
     print(
         f"PPO on {record['env']} over a simulated {record['generation']} {record['topology']} "
@@ -147,7 +199,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="workbench", description="Reinforcement learning on Cloud TPU slices with Ray and JAX."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
@@ -167,9 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="PPO on CartPole on an embedded simulated slice")
     demo.add_argument("--generation", default="v6e")
     demo.add_argument("--topology", default="2x2")
-    demo.add_argument("--total-env-steps", type=int, default=500_000)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--reserve-timeout", type=float, default=60.0)
+    demo.add_argument("--total-env-steps", type=_whole(1), default=500_000)
+    demo.add_argument("--seed", type=_whole(0), default=0)
+    demo.add_argument("--reserve-timeout", type=_seconds, default=60.0)
     demo.set_defaults(func=cmd_demo)
 
     run = sub.add_parser("train", help="train on a reserved slice (simulated if no address)")
@@ -179,18 +231,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--algo", default="ppo")
     run.add_argument("--mode", default="actors", choices=["actors", "anakin"],
                      help="actors: gymnasium envs on host CPUs; anakin: JAX envs on the chip")
-    run.add_argument("--total-env-steps", type=int, default=500_000)
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--total-env-steps", type=_whole(1), default=500_000)
+    run.add_argument("--seed", type=_whole(0), default=0)
     run.add_argument("--json", help="write the result record here")
     run.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else simulated)")
     run.add_argument("--checkpoint-dir")
-    run.add_argument("--checkpoint-every", type=int, default=0)
+    run.add_argument("--checkpoint-every", type=_whole(0), default=0)
     run.add_argument("--resume", action="store_true")
     run.add_argument("--stop-at-target", action="store_true")
-    run.add_argument("--envs-per-chip", type=int, default=16)
-    run.add_argument("--rollout-length", type=int, default=64)
+    run.add_argument("--envs-per-chip", type=_whole(1), default=16)
+    run.add_argument("--rollout-length", type=_whole(1), default=64)
     run.add_argument("--sync", default="auto", choices=["auto", "gradients", "batch"])
-    run.add_argument("--reserve-timeout", type=float, default=60.0)
+    run.add_argument("--reserve-timeout", type=_seconds, default=60.0)
     run.set_defaults(func=cmd_train)
 
     from workbench import gke
@@ -204,11 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     try:
         return args.func(args)
-    except (CatalogError, ValueError) as error:
+    except (CatalogError, ValueError, ClusterError, SliceUnavailableError) as error:
         print(f"workbench: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("workbench: interrupted", file=sys.stderr)
+        print("workbench: interrupted: training stopped after its current update (with a "
+              "final checkpoint when --checkpoint-dir is set) and the slice was released.",
+              file=sys.stderr)
         return 130
 
 

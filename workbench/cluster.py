@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ipaddress
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from workbench.tpu import parse_shape
+from workbench.tpu import SliceShape, parse_shape
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,12 @@ def _check_reachable(host: str, port: int, timeout_s: float) -> None:
         ) from None
 
 
-def _split_address(address: str) -> tuple[str, int]:
+def _split_address(address: object) -> tuple[str, int]:
+    if not isinstance(address, str):
+        raise ClusterError(
+            f"A Ray address must be a string such as 'head:6379' or 'ray://head:10001', got "
+            f"{address!r} ({type(address).__name__})."
+        )
     body = address.split("://", 1)[-1]
     host, sep, port = body.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -71,6 +78,21 @@ def _split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def parse_address(address: object) -> tuple[str, int]:
+    """Check a Ray address without connecting to it.
+
+    Args:
+        address: ``host:port`` or ``ray://host:port``.
+
+    Returns:
+        The host and the port.
+
+    Raises:
+        ClusterError: the address is not a string of that form, or the port is not 1-65535.
+    """
+    return _split_address(address)
+
+
 def connect(
     address: str | None = None, *, node_ip: str | None = None, timeout_s: float = 10.0
 ) -> Connection:
@@ -79,8 +101,9 @@ def connect(
     Args:
         address: ``host:port`` of a cluster's GCS, or ``ray://host:port`` for Ray Client.
             Defaults to the ``RAY_ADDRESS`` environment variable.
-        node_ip: the address this driver is known by; only needed for clusters bound to
-            an unusual loopback address such as the simulated one.
+        node_ip: the address this driver is known by; only needed for a cluster bound to
+            loopback, such as the simulated one (``127.0.0.1``: then Ray keeps this driver,
+            and the address, on loopback instead of swapping in the machine's external IP).
         timeout_s: how long to wait for the address to answer before giving up.
 
     Returns:
@@ -89,10 +112,12 @@ def connect(
     Raises:
         ClusterError: no address was given, it is malformed or it does not answer, or the
             process is already connected to a different cluster.
+        ValueError: a timeout that is not a positive number of seconds.
     """
     global _connection
     import ray
 
+    _check_positive("timeout_s", timeout_s, "seconds")
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:
         raise ClusterError(
@@ -100,6 +125,7 @@ def connect(
             "set RAY_ADDRESS, or start the embedded simulated cluster with "
             "wb.local_cluster()."
         )
+    host, port = _split_address(address)
     if ray.is_initialized():
         if _connection is not None and _connection.address == address:
             return _connection
@@ -108,14 +134,56 @@ def connect(
             f"({_connection.address if _connection else 'started elsewhere'}); asked for "
             f"{address}. Call wb.disconnect() first."
         )
-    host, port = _split_address(address)
     _check_reachable(host, port, timeout_s)
     kwargs: dict = {"logging_level": logging.WARNING, "log_to_driver": False}
     if node_ip:
         kwargs["_node_ip_address"] = node_ip
-    ray.init(address=address, **kwargs)
+    local_only = _is_loopback(host) and bool(node_ip) and _is_loopback(node_ip)
+    with _ray_local_only(local_only):
+        ray.init(address=address, **kwargs)
     _connection = Connection(address=address, node_ip=node_ip, simulated=False)
     return _connection
+
+
+def _check_positive(name: str, value: object, unit: str, whole: bool = False) -> None:
+    kinds = (int,) if whole else (int, float)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, kinds)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        kind = "whole number" if whole else "number"
+        raise ValueError(f"{name} must be a positive {kind} of {unit}, got {value!r}.")
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+@contextlib.contextmanager
+def _ray_local_only(enabled: bool):
+    """Keep Ray from swapping 127.0.0.1 for this machine's external IP while it connects.
+
+    NOTE: Ray reads its local-only switch (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``) once, at
+    import, and a notebook kernel has usually imported Ray long before it connects; so the
+    value is set only for the duration of ``ray.init``, and only for a cluster bound to
+    loopback, where the external IP would reach nothing.
+    """
+    if not enabled:
+        yield
+        return
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 def disconnect() -> None:
@@ -149,7 +217,13 @@ class LocalCluster:
         object_store_mib: int = 80,
         timeout_s: float = 180.0,
     ) -> None:
-        shapes = [parse_shape(g, t) for g, t in slices]  # refuse bad shapes before starting
+        # Refuse bad input before anything starts.
+        shapes = _slice_shapes(slices)
+        _check_positive("cpus_per_chip", cpus_per_chip, "logical CPUs per chip", whole=True)
+        _check_positive("object_store_mib", object_store_mib, "MiB", whole=True)
+        _check_positive("timeout_s", timeout_s, "seconds")
+        if isinstance(head_cpus, bool) or not isinstance(head_cpus, int) or head_cpus < 0:
+            raise ValueError(f"head_cpus must be a whole number >= 0, got {head_cpus!r}.")
         self.temp_dir = tempfile.mkdtemp(prefix="wb-")
         spec = {
             "temp_dir": self.temp_dir,
@@ -159,6 +233,10 @@ class LocalCluster:
             "slices": [(s.generation.name, s.topology) for s in shapes],
         }
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "RAY_ADDRESS"))}
+        # Imported here: `python -m workbench.simulator` must not find itself imported already.
+        from workbench.simulator import LOCAL_ONLY_ENV
+
+        env.update(LOCAL_ONLY_ENV)  # every node binds to loopback only (see simulator)
         # Own session: the simulated cluster's processes never receive the kernel's
         # Ctrl-C, and stopping it can signal the whole group.
         with open(os.path.join(self.temp_dir, "simulator.log"), "w") as log_file:
@@ -176,10 +254,12 @@ class LocalCluster:
         self._finalizer = weakref.finalize(self, _stop_simulator, self._process, self.temp_dir)
         ready = self._read_reply(timeout_s)
         if not ready.get("ok"):
+            # The log goes with the temp dir on shutdown: keep what it says about the failure.
+            warnings = _log_warnings(os.path.join(self.temp_dir, "simulator.log"))
             self.shutdown()
             raise ClusterError(
-                f"The simulated cluster failed to start: {ready.get('error')}. "
-                f"Its log is in {self.temp_dir}/simulator.log."
+                f"The simulated cluster failed to start: {ready.get('error')}.{warnings} "
+                "On a busy machine, retry, or pass a larger timeout_s."
             )
         self.address: str = ready["address"]
         self.node_ip: str = ready["node_ip"]
@@ -256,6 +336,32 @@ class LocalCluster:
     def __repr__(self) -> str:
         state = "stopped" if self._closed else getattr(self, "address", "starting")
         return f"LocalCluster({state}, slices={getattr(self, 'slice_names', [])})"
+
+
+def _log_warnings(path: str, limit: int = 5) -> str:
+    try:
+        with open(path) as log_file:
+            lines = [line.strip() for line in log_file if line.startswith("WARNING:")]
+    except OSError:
+        return ""
+    return (" Simulator: " + "; ".join(lines[-limit:]) + ".") if lines else ""
+
+
+def _slice_shapes(slices: object) -> list[SliceShape]:
+    example = "[('v6e', '2x2')] or [('v6e', '4x4'), ('v6e', '2x2')]"
+    if isinstance(slices, (str, bytes)) or not isinstance(slices, Iterable):
+        raise ValueError(
+            f"slices must be a list of (generation, topology) pairs such as {example}, "
+            f"got {slices!r}."
+        )
+    pairs = list(slices)
+    for pair in pairs:
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise ValueError(
+                f"slices must be a list of (generation, topology) pairs such as {example}; "
+                f"{pair!r} in {slices!r} is not a pair (for one slice, put its pair in a list)."
+            )
+    return [parse_shape(generation, topology) for generation, topology in pairs]
 
 
 def _cluster_processes(simulator_pid: int, temp_dir: str) -> set[int]:
@@ -347,6 +453,8 @@ def local_cluster(
 
     Raises:
         CatalogError: a slice shape the catalog refuses (nothing is started).
+        ValueError: ``slices`` is not a list of pairs, or a count or timeout is not a
+            positive number (nothing is started).
         ClusterError: the cluster did not come up in time.
     """
     cluster = LocalCluster(

@@ -10,7 +10,8 @@ that started it has gone) it stops every node it started, so nothing outlives it
 
 Each node is started with Ray's own ``Node`` class, as Ray's cluster utilities do,
 rather than ``ray start``: the CLI rewrites a 127.0.0.1 node address to the machine's
-external IP, and a simulated cluster must stay on loopback.
+external IP, and a simulated cluster must stay on loopback: every socket it listens on is
+bound to 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -25,10 +26,15 @@ from workbench.tpu import SliceShape, parse_shape
 
 log = logging.getLogger("workbench.simulator")
 
-# NOTE: Ray treats exactly "127.0.0.1" and "localhost" as "this machine" and swaps in the
-# external IP when a driver connects; any other address in 127.0.0.0/8 is still loopback
-# on Linux and is taken as given.
-LOOPBACK_NODE_IP = "127.0.0.2"
+# NOTE: Ray binds its gRPC servers (GCS, raylet, object manager, every worker), its agents
+# and its metrics exporters to loopback only when the node address is exactly 127.0.0.1;
+# for any other address, even 127.0.0.2, they listen on all interfaces. Ray also swaps a
+# 127.0.0.1 it is given for the machine's external IP unless "local-only" mode is on (the
+# default on macOS and Windows, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 elsewhere), so the
+# simulator's process tree runs with LOCAL_ONLY_ENV and the driver connects the same way
+# (see workbench.cluster).
+LOOPBACK_NODE_IP = "127.0.0.1"
+LOCAL_ONLY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 TPU_ENV_KEYS = ("TPU_NAME", "TPU_WORKER_ID", "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY")
 
@@ -72,8 +78,6 @@ class Simulator:
         self._start_head(int(spec.get("head_cpus", 2)))
 
     def _node(self, head: bool, num_cpus: int, resources: dict[str, float], env: dict[str, str]):
-        from ray._private.parameter import RayParams
-
         params = dict(
             node_ip_address=self.node_ip,
             num_cpus=num_cpus,
@@ -81,6 +85,9 @@ class Simulator:
             object_store_memory=self.object_store_bytes,
             min_worker_port=0,
             max_worker_port=0,
+            # Any free port: Ray's fixed default is taken by the first cluster on 127.0.0.1,
+            # and a node whose agent cannot bind it starts seconds later without it.
+            dashboard_agent_listen_port=None,
         )
         if head:
             params.update(temp_dir=self.temp_dir, include_dashboard=False)
@@ -89,7 +96,6 @@ class Simulator:
                 gcs_address=self.head.gcs_address,
                 include_log_monitor=False,
                 node_manager_port=0,
-                dashboard_agent_listen_port=None,
             )
         # NOTE: Ray resolves a node's TPU resources and labels from this process's
         # environment, and the raylet (hence every worker on the node) inherits it.
@@ -97,31 +103,37 @@ class Simulator:
             os.environ.pop(key, None)
         os.environ.update(env)
         try:
-            return self._start_node(RayParams(**params), head)
+            return self._start_node(params, head)
         finally:
             for key in env:
                 os.environ.pop(key, None)
 
-    def _start_node(self, params, head: bool, attempts: int = 3):
+    def _start_node(self, params: dict, head: bool, attempts: int = 3):
         import psutil
         import ray._private.node
+        from ray._private.parameter import RayParams
 
         me = psutil.Process()
         for attempt in range(1, attempts + 1):  # the last attempt raises or returns
             before = {c.pid for c in me.children(recursive=True)}
             try:
+                # Fresh parameters each attempt: Ray writes the ports it picked into them.
                 return ray._private.node.Node(
-                    params, head=head, shutdown_at_exit=False, spawn_reaper=head
+                    RayParams(**params), head=head, shutdown_at_exit=False, spawn_reaper=head
                 )
             except Exception as error:
-                # NOTE: Ray gives a new raylet a fixed 30 s to register; on a loaded machine
-                # it can miss that. Remove what this attempt started, then try again.
-                if head or attempt == attempts or "timed out" not in str(error):
+                # NOTE: Ray gives a new raylet a fixed 30 s to register, and the raylet gives
+                # its agents a fixed 15 s to start; on a loaded machine either can be missed.
+                # Remove what this attempt started, then try again.
+                if attempt == attempts or "timed out" not in str(error):
                     raise
-                log.warning("a simulated host missed Ray's start-up deadline; retrying")
-                for child in me.children(recursive=True):
-                    if child.pid not in before:
-                        child.kill()
+                role = "head" if head else "host"
+                log.warning("a simulated %s missed Ray's start-up deadline; retrying", role)
+                started = [c for c in me.children(recursive=True) if c.pid not in before]
+                for child in started:
+                    child.kill()
+                # The next attempt must not find this one's ports still held.
+                psutil.wait_procs(started, timeout=10)
         raise RuntimeError(f"no simulated node came up in {attempts} attempts")
 
     def _start_head(self, head_cpus: int) -> None:
@@ -194,6 +206,9 @@ def main(argv: list[str]) -> int:
     os.dup2(2, 1)
     spec = json.loads(argv[0])
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Ray reads this when it is first imported; workbench.cluster also starts this process
+    # with it, in case a module imported before main() already imported Ray.
+    os.environ.update(LOCAL_ONLY_ENV)
     simulator = None
     try:
         simulator = Simulator(spec)

@@ -169,6 +169,13 @@ def generation_names() -> tuple[str, ...]:
     return tuple(GENERATIONS)
 
 
+def _shown(value: object, limit: int = 40) -> str:
+    """``repr`` of a user's input for an error message, cut short so that a pasted blob
+    cannot bury the part of the message that says what to do."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def parse_generation(value: object) -> Generation:
     """Return the generation a user meant, accepting common spellings.
 
@@ -180,7 +187,7 @@ def parse_generation(value: object) -> Generation:
     valid = ", ".join(GENERATIONS)
     if not isinstance(value, str):
         raise CatalogError(
-            f"TPU generation must be a string such as 'v6e', got {value!r} "
+            f"TPU generation must be a string such as 'v6e', got {_shown(value)} "
             f"({type(value).__name__}). Valid generations: {valid}."
         )
     key = value.strip().lower()
@@ -189,7 +196,7 @@ def parse_generation(value: object) -> Generation:
     key = _ALIASES.get(key, key)
     if key not in GENERATIONS:
         raise CatalogError(
-            f"Unknown TPU generation {value!r}. Valid generations: {valid} "
+            f"Unknown TPU generation {_shown(value)}. Valid generations: {valid} "
             "(aliases such as 'TPU-V6E', 'tpu-v4' and 'v5litepod' are accepted)."
         )
     return GENERATIONS[key]
@@ -225,15 +232,15 @@ def parse_shape(generation: object, topology: object) -> SliceShape:
     gen = parse_generation(generation)
     if not isinstance(topology, str):
         raise CatalogError(
-            f"Topology must be a string such as '2x2' or '2x2x1', got {topology!r} "
+            f"Topology must be a string such as '2x2' or '2x2x1', got {_shown(topology)} "
             f"({type(topology).__name__}). {_topology_hint(gen)}"
         )
     key = topology.strip().lower()
     match = _TOPOLOGY_RE.fullmatch(key)
     if match is None:
         raise CatalogError(
-            f"Topology {topology!r} is not of the form AxB or AxBxC with positive whole "
-            f"numbers. {_topology_hint(gen)}"
+            f"Topology {_shown(topology)} is not of the form AxB or AxBxC (whole numbers "
+            f"from 1 to 999). {_topology_hint(gen)}"
         )
     if key not in _TOPOLOGIES[gen.name]:
         dims = 3 if match.group(3) else 2
