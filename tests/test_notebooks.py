@@ -1,0 +1,199 @@
+"""Every notebook runs top to bottom through papermill against the session's simulated
+cluster, and every bar it records holds; bad parameters fail with the catalog's message.
+
+Executed notebooks are kept in ``build/notebooks/`` for reading after a failure.
+"""
+
+from __future__ import annotations
+
+import _thread
+import threading
+import time
+from pathlib import Path
+
+import papermill as pm
+import pytest
+from conftest import live_actors
+
+import workbench as wb
+from workbench import checkpoint, ui
+from workbench.engine import TrainConfig
+from workbench.tpu import CatalogError
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+OUT = ROOT / "build" / "notebooks"
+
+# Small parameters for CI; the notebooks' own defaults are sized for a person watching.
+# A notebook missing here runs with its own defaults.
+# Every notebook also gets the session cluster's address, so none starts a cluster, and
+# the address the kernel is known by there (the simulated cluster lives on loopback).
+CI_PARAMETERS: dict[str, dict] = {
+    "01_quickstart.ipynb": dict(total_env_steps=100_000, seed=0, min_final_return=400.0),
+    "02_slice_anatomy.ipynb": dict(contention_timeout_s=3.0),
+    "03_ppo_rollout_actors.ipynb": dict(
+        total_env_steps=40_960, seed=1, envs_per_chip=16, rollout_length=64, sync="gradients",
+        min_env_steps_per_s=500.0, min_final_return=200.0,
+    ),
+    "04_anakin_jax_envs.ipynb": dict(
+        total_env_steps=200_000, seed=0, min_final_return=150.0, min_env_steps_per_s=1000.0,
+    ),
+    # One shape only: each run's start-up (a learner process per chip) dominates CI time.
+    "05_scaling_study.ipynb": dict(
+        topologies_to_run=["2x2"], updates=3, envs_per_chip=8, rollout_length=32,
+        min_env_steps_per_s=1000.0,
+    ),
+    "06_kuberay_gke.ipynb": dict(total_env_steps=20_480, seed=0, min_final_return=100.0),
+}
+
+
+def _notebooks() -> list[str]:
+    return sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
+
+
+def _execute(name: str, output: Path, parameters: dict) -> dict:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    return pm.execute_notebook(
+        str(NOTEBOOKS / name),
+        str(output),
+        parameters=parameters,
+        kernel_name="python3",
+        cwd=str(output.parent),
+        progress_bar=False,
+        execution_timeout=600,
+    )
+
+
+def _check_bars(name: str, recorded: dict) -> None:
+    """Each recorded ``min_<metric>`` bar holds for ``<metric>`` (for every element of a list)."""
+    bars = {key[len("min_"):]: bar for key, bar in recorded.items() if key.startswith("min_")}
+    for metric, bar in bars.items():
+        assert metric in recorded, f"{name} records the bar min_{metric} but not {metric}"
+        values = recorded[metric] if isinstance(recorded[metric], list) else [recorded[metric]]
+        assert values and all(v is not None and v >= bar for v in values), (
+            f"{name}: {metric}={recorded[metric]} misses its bar of {bar}"
+        )
+
+
+def test_every_notebook_has_a_parameters_cell_and_no_outputs():
+    import nbformat
+
+    names = _notebooks()
+    assert names, "no notebooks found"
+    for name in names:
+        notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+        tagged = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
+        assert len(tagged) == 1, f"{name} needs exactly one cell tagged 'parameters'"
+        for needed in ("address", "node_ip"):
+            assert needed in tagged[0].source, f"{name}'s parameters need {needed}"
+        outputs = [c for c in notebook.cells if c.cell_type == "code" and c.get("outputs")]
+        assert not outputs, f"{name} is committed with outputs; clear them"
+
+
+@pytest.mark.parametrize("name", _notebooks())
+def test_notebook_runs_and_meets_its_bars(name, cluster):
+    parameters = {"address": cluster.address, "node_ip": cluster.node_ip,
+                  **CI_PARAMETERS.get(name, {})}
+    executed = _execute(name, OUT / name, parameters)
+    recorded = ui.read_records(executed)
+    assert recorded, f"{name} recorded no metrics"
+    # Every bar the test asked for was recorded as asked, so it was checked in the run.
+    for key, value in parameters.items():
+        if key.startswith("min_"):
+            assert recorded.get(key) == value, f"{name} did not record its bar {key}"
+    _check_bars(name, recorded)
+    if name == "02_slice_anatomy.ipynb":
+        assert recorded["extra_refused"] is True
+        assert "Could not reserve a v6e 2x2 slice" in recorded["refusal"]
+        assert "What to do" in recorded["refusal"]
+        assert recorded["free_after_release"] == recorded["slices_held"]
+        assert (recorded["chips"], recorded["hosts"]) == (4, 1)
+
+
+def _expected_message(**bad) -> tuple[str, str]:
+    # The readable message the API itself gives for the same bad input.
+    generation, topology = bad.get("generation", "v6e"), bad.get("topology", "2x2")
+    if "total_env_steps" in bad:
+        with pytest.raises(ValueError) as error:
+            TrainConfig(total_env_steps=bad["total_env_steps"]).validate()
+        return "ValueError", str(error.value)
+    with pytest.raises(CatalogError) as error:
+        wb.parse_shape(generation, topology)
+    return "CatalogError", str(error.value)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"generation": "v9"}, {"topology": "9x9"}, {"total_env_steps": 0}],
+    ids=["generation-v9", "topology-9x9", "no-steps"],
+)
+def test_bad_parameters_fail_with_a_readable_message(bad, cluster):
+    ename, message = _expected_message(**bad)
+    label = "-".join(f"{k}-{v}" for k, v in bad.items())
+    with pytest.raises(pm.PapermillExecutionError) as failure:
+        _execute("01_quickstart.ipynb", OUT / f"bad-{label}.ipynb",
+                 {"address": cluster.address, "node_ip": cluster.node_ip, **bad})
+    assert failure.value.ename == ename
+    assert message in failure.value.evalue
+    # The `cluster` fixture then checks that no placement group was left behind.
+
+
+def test_stop_button_and_interrupt_end_training_cleanly(cluster, tmp_path):
+    config = TrainConfig(total_env_steps=5_000_000, envs_per_chip=8, rollout_length=32,
+                         eval_every=0, eval_episodes=4, seed=3, checkpoint_dir=str(tmp_path))
+    seen: dict = {}
+
+    def click_then_interrupt(run: ui.TrainingRun) -> None:
+        while not run.rows and not run.done:
+            time.sleep(0.05)
+        run.dashboard.stop_button.click()  # what a click in the browser does
+        seen["stopped_by_click"] = run.stopped
+        time.sleep(0.2)
+        seen["interrupted_at"] = time.monotonic()
+        if not run.done:  # never interrupt the test runner outside wait()
+            _thread.interrupt_main()  # what the kernel's interrupt does to the waiting cell
+
+    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
+        run = ui.start_training(tpu_slice, config, show=False)
+        threading.Thread(target=click_then_interrupt, args=(run,), daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            run.wait()
+        ended_s = time.monotonic() - seen["interrupted_at"]
+    assert seen["stopped_by_click"] is True
+    assert run.done and run.error is None
+    assert ended_s < 30, f"training took {ended_s:.1f} s to stop after the interrupt"
+    planned = config.num_updates(4)
+    assert 1 <= run.result.updates < planned
+    saved = checkpoint.restore(str(tmp_path))
+    assert int(saved["update"]) == run.result.updates  # the final checkpoint of a stopped run
+    assert run.dashboard.stop_button.disabled
+    assert "Stopped" in run.dashboard.status.value
+    assert live_actors() == []
+
+
+def _wait_until(condition, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the widget did not get there in time"
+        time.sleep(0.1)
+
+
+def test_picker_reserves_shows_contention_and_releases(cluster):
+    first = ui.SlicePicker("v6e", "2x4", timeout_s=60)
+    second = ui.SlicePicker("v6e", "2x4", timeout_s=2)
+    assert first.refresh() == 1 and "1 of 1 v6e 2x4" in first.capacity.value
+
+    first.reserve_button.click()  # a click reserves in a thread; the kernel stays free
+    _wait_until(lambda: first.slice is not None)
+    assert first.slice.num_chips == 8 and "Reserved v6e 2x4" in first.status.value
+    assert first.reserve_button.disabled and first.generation_dropdown.disabled
+
+    with pytest.raises(wb.SliceUnavailableError):
+        second.reserve()
+    assert "Could not reserve a v6e 2x4 slice" in second.status.value
+    assert "Traceback" not in second.status.value and second.slice is None
+
+    first.release_button.click()
+    assert first.slice is None and "Released" in first.status.value
+    _wait_until(lambda: second.refresh() == 1)
+    # The `cluster` fixture then checks that no placement group is left.
