@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -137,9 +138,14 @@ class TrainResult:
     chip_state_digests: list[str] = field(default_factory=list)
     """SHA-256 of each chip's parameters and optimizer state at the end; all equal."""
     curve: list[dict] = field(default_factory=list)
+    params: Any = field(default=None, repr=False)
+    """The final network parameters (numpy), e.g. to render the trained policy; not in
+    the JSON record."""
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        record = dataclasses.asdict(dataclasses.replace(self, params=None))
+        del record["params"]
+        return record
 
 
 def _validate_env(env_id: str, mode: str) -> None:
@@ -360,11 +366,13 @@ class RolloutKeeper:
         self._cls = _remote(SharedRollout)
         self._specs = specs
         self._lock = threading.Lock()
-        self.actors = [self._start(i) for i in range(len(specs))]
         self.replaced = 0
+        self.actors = [self._start(i) for i in range(len(specs))]
 
     def _start(self, index: int):
         options, args = self._specs[index]
+        if self.replaced:
+            options = {**options, "name": f"{options['name']}.{self.replaced}"}
         return self._cls.options(**options).remote(*args)
 
     def actor(self, index: int):
@@ -373,8 +381,8 @@ class RolloutKeeper:
     def replace(self, index: int, dead_actor_id: str):
         with self._lock:
             if self.actors[index]._actor_id.hex() == dead_actor_id:
-                self.actors[index] = self._start(index)
                 self.replaced += 1
+                self.actors[index] = self._start(index)
             return self.actors[index]
 
 
@@ -385,7 +393,10 @@ class ChipLost(RuntimeError):
 class _Attempt:
     """The learners (and rollout actors) of one attempt at a run on the slice."""
 
-    def __init__(self, tpu_slice: Slice, config: TrainConfig, board) -> None:
+    def __init__(self, tpu_slice: Slice, config: TrainConfig, board, number: int) -> None:
+        # Actors are named "<slice>:a<attempt>:learner-<rank>" and "...:rollout-<i>" so
+        # that a person (or a fault test) can find them with ray.get_actor.
+        self.prefix = f"{tpu_slice.name}:a{number}"
         self.slice = tpu_slice
         self.config = config
         self.board = board
@@ -406,9 +417,10 @@ class _Attempt:
         Learner = _remote(ChipLearnerActor, num_cpus=1, resources={"TPU": 1},
                           max_concurrency=2)
         self.learners = [
-            Learner.options(scheduling_strategy=tpu_slice.scheduling(chip.rank)).remote(
-                chip.rank, num_chips
-            )
+            Learner.options(
+                scheduling_strategy=tpu_slice.scheduling(chip.rank),
+                name=f"{self.prefix}:learner-{chip.rank}",
+            ).remote(chip.rank, num_chips)
             for chip in tpu_slice.chips
         ]
         feeds = self._start_rollouts()
@@ -450,7 +462,8 @@ class _Attempt:
             for k in range(per_host):
                 ranks = host.chips[k * share:(k + 1) * share]
                 options = dict(num_cpus=1, runtime_env=cpu_env, max_concurrency=share,
-                               scheduling_strategy=tpu_slice.scheduling(ranks[0]))
+                               scheduling_strategy=tpu_slice.scheduling(ranks[0]),
+                               name=f"{self.prefix}:rollout-{len(specs)}")
                 args = (config.env, config.envs_per_chip, share, config.rollout_length,
                         config.seed * 10_007 + host.worker_id * per_host + k,
                         config.ppo.hidden_sizes)
@@ -621,7 +634,7 @@ def train(
         seen = 0
         last_env_steps = 0
         while True:
-            attempt = _Attempt(tpu_slice, attempt_config, board)
+            attempt = _Attempt(tpu_slice, attempt_config, board, restarts)
             try:
                 setup = attempt.start(loss_fn, distributed_timeout_s)
                 if restarts:
@@ -716,6 +729,7 @@ def train(
         rollout_actors_replaced=max(o["rollouts_replaced"] for o in outcomes),
         chip_state_digests=digests,
         curve=summary["updates"],
+        params=outcomes[0]["params"],
     )
 
 
