@@ -107,14 +107,18 @@ def snapshot(cluster: wb.LocalCluster) -> dict[str, float]:
 
 def _settle(cluster: wb.LocalCluster, before: dict, process_slack: int,
             timeout_s: float) -> float:
-    """Wait until the counts are back at ``before``; returns the seconds it took."""
+    """Wait until the counts are back at ``before`` and have stopped moving (processes of
+    killed actors are still exiting); returns the seconds it took."""
     started = time.monotonic()
+    previous = None
     while time.monotonic() - started < timeout_s:
         now = counts(cluster)
-        if (now["placement_groups"] <= before["placement_groups"]
+        back = (now["placement_groups"] <= before["placement_groups"]
                 and now["actors"] <= before["actors"]
-                and now["processes"] <= before["processes"] + process_slack):
+                and now["processes"] <= before["processes"] + process_slack)
+        if back and now == previous:
             break
+        previous = now
         time.sleep(1.0)
     return round(time.monotonic() - started, 1)
 

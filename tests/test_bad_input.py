@@ -302,7 +302,7 @@ CLI_CASES = [
     (["train", "--topology", "__import__('os')"], "\"__import__('os')\" is not of the form"),
     (["train", "--generation", "v4", "--topology", "2x2"], "v4 slices have 3D topologies"),
     (["train", "--algo", "sac"], "Unknown algorithm 'sac'; available: ppo."),
-    (["train", "--resume"], "resume=True needs checkpoint_dir"),
+    (["train", "--resume"], "--resume needs --checkpoint-dir"),
     (["train", "--resume", "--checkpoint-dir", "{tmp}/none"],
      "Checkpoint directory '{tmp}/none' does not exist."),
     (["train", "--resume", "--checkpoint-dir", "{tmp}"], "'{tmp}' holds no workbench checkpoint"),

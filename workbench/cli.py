@@ -158,6 +158,13 @@ def _check_before_start(args: argparse.Namespace) -> None:
     parse_shape(args.generation, args.topology)
     if getattr(args, "address", None):
         parse_address(args.address)
+    if getattr(args, "resume", False):
+        if not args.checkpoint_dir:
+            raise ValueError("--resume needs --checkpoint-dir: the directory of the run to "
+                             "continue.")
+        from workbench.checkpoint import require_checkpoint
+
+        require_checkpoint(args.checkpoint_dir)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -166,10 +173,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     _check_before_start(args)
     config = _train_config(args)
     config.validate()
-    if config.resume:
-        from workbench.checkpoint import require_checkpoint
-
-        require_checkpoint(config.checkpoint_dir)
     record = _run_training(args, config)
     summary = {k: v for k, v in record.items() if k != "curve"}
     print(json.dumps(summary, indent=1))
@@ -180,10 +183,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    _check_before_start(args)
     from workbench.engine import TrainConfig
 
     started = time.monotonic()
-    _check_before_start(args)
     config = TrainConfig(total_env_steps=args.total_env_steps, seed=args.seed,
                          stop_at_target=True)
     config.validate()

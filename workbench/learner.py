@@ -61,6 +61,9 @@ def join_distributed(coordinator: str, num_processes: int, rank: int, timeout_s:
     if num_processes > 1:
         jax.distributed.initialize(
             coordinator_address=coordinator,
+            # Listen where the learners reach it (loopback on the simulated slice), not on
+            # every interface, which is JAX's default.
+            coordinator_bind_address=coordinator,
             num_processes=num_processes,
             process_id=rank,
             initialization_timeout=max(1, int(timeout_s)),

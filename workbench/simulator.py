@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -37,6 +38,14 @@ LOOPBACK_NODE_IP = "127.0.0.1"
 LOCAL_ONLY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 TPU_ENV_KEYS = ("TPU_NAME", "TPU_WORKER_ID", "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY")
+AGENT_PORTS = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port",
+               "runtime_env_agent_port")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def host_environment(shape: SliceShape, slice_name: str, worker_id: int) -> dict[str, str]:
@@ -85,9 +94,6 @@ class Simulator:
             object_store_memory=self.object_store_bytes,
             min_worker_port=0,
             max_worker_port=0,
-            # Any free port: Ray's fixed default is taken by the first cluster on 127.0.0.1,
-            # and a node whose agent cannot bind it starts seconds later without it.
-            dashboard_agent_listen_port=None,
         )
         if head:
             params.update(temp_dir=self.temp_dir, include_dashboard=False)
@@ -116,10 +122,16 @@ class Simulator:
         me = psutil.Process()
         for attempt in range(1, attempts + 1):  # the last attempt raises or returns
             before = {c.pid for c in me.children(recursive=True)}
+            # NOTE: a raylet left to learn its agents' ports from the agents waits a fixed
+            # 15 s for them and aborts if they are slower, as Python processes starting on a
+            # busy machine can be; given the ports, it does not wait. Ray's fixed default
+            # for one of them would also clash between clusters on 127.0.0.1.
+            ports = {name: _free_port(self.node_ip) for name in AGENT_PORTS}
             try:
                 # Fresh parameters each attempt: Ray writes the ports it picked into them.
                 return ray._private.node.Node(
-                    RayParams(**params), head=head, shutdown_at_exit=False, spawn_reaper=head
+                    RayParams(**params, **ports), head=head, shutdown_at_exit=False,
+                    spawn_reaper=head,
                 )
             except Exception as error:
                 # NOTE: Ray gives a new raylet a fixed 30 s to register, and the raylet gives
