@@ -515,13 +515,16 @@ class _Attempt:
             ray.kill(actor)
 
 
-def _driver_node_affinity():
-    """Keep run-wide helpers (metrics, evaluation) off the slice: a lost host must not
-    take the run's history with it."""
+def _head_node_affinity():
+    """Keep run-wide helpers (metrics, evaluation) on the cluster's head, off the slice:
+    a lost host must not take the run's history with it."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    heads = [n["NodeID"] for n in ray.nodes()
+             if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {})]
+    node = heads[0] if heads else ray.get_runtime_context().get_node_id()
+    return NodeAffinitySchedulingStrategy(node, soft=True)
 
 
 _active_stops: set = set()
@@ -621,7 +624,7 @@ def train(
     loop_start: float | None = None
     startup_s = 0.0
     try:
-        placement = {"scheduling_strategy": _driver_node_affinity()}
+        placement = {"scheduling_strategy": _head_node_affinity()}
         cpu_env = {"env_vars": {"JAX_PLATFORMS": "cpu"}}
         evaluator = _remote(RolloutWorker, num_cpus=0, runtime_env=cpu_env).options(
             **placement
