@@ -95,11 +95,16 @@ def test_ctrl_c_stops_within_seconds_with_a_final_checkpoint(cluster, tmp_path):
         sent.append(time.monotonic())
         os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C in a terminal or a notebook does
 
-    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-        on_update, _ = _once(interrupt)
-        with pytest.raises(KeyboardInterrupt):
-            train(tpu_slice, config, on_update=on_update)
-        stopped = time.monotonic() - sent[0]
+    # Python's own Ctrl-C handler, whatever earlier tests in this process installed.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
+            on_update, _ = _once(interrupt)
+            with pytest.raises(KeyboardInterrupt):
+                train(tpu_slice, config, on_update=on_update)
+            stopped = time.monotonic() - sent[0]
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert stopped < 5, f"took {stopped:.1f} s to stop"
     step = checkpoint.latest_step(str(tmp_path))
     assert step is not None and step >= 8, "no final checkpoint of the interrupted run"

@@ -7,6 +7,7 @@ Executed notebooks are kept in ``build/notebooks/`` for reading after a failure.
 from __future__ import annotations
 
 import _thread
+import signal
 import threading
 import time
 from pathlib import Path
@@ -153,12 +154,18 @@ def test_stop_button_and_interrupt_end_training_cleanly(cluster, tmp_path):
         if not run.done:  # never interrupt the test runner outside wait()
             _thread.interrupt_main()  # what the kernel's interrupt does to the waiting cell
 
-    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-        run = ui.start_training(tpu_slice, config, show=False)
-        threading.Thread(target=click_then_interrupt, args=(run,), daemon=True).start()
-        with pytest.raises(KeyboardInterrupt):
-            run.wait()
-        ended_s = time.monotonic() - seen["interrupted_at"]
+    # interrupt_main does nothing unless Python's own Ctrl-C handler is installed, which
+    # an earlier test in this process may have replaced.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
+            run = ui.start_training(tpu_slice, config, show=False)
+            threading.Thread(target=click_then_interrupt, args=(run,), daemon=True).start()
+            with pytest.raises(KeyboardInterrupt):
+                run.wait()
+            ended_s = time.monotonic() - seen["interrupted_at"]
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert seen["stopped_by_click"] is True
     assert run.done and run.error is None
     assert ended_s < 30, f"training took {ended_s:.1f} s to stop after the interrupt"

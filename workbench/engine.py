@@ -495,7 +495,11 @@ class _Attempt:
             except ray.exceptions.RayActorError as error:
                 raise ChipLost(f"learner of rank {self.runs.index(ref)} died: {error}") from None
             except ray.exceptions.RayTaskError as error:
-                # A chip's loss shows first, in the others, as a failed collective.
+                # A chip's loss often shows first, in the others, as a failed collective,
+                # before Ray has marked the lost learner dead: give it a few seconds.
+                deadline = time.monotonic() + 10
+                while not self._dead_learners() and time.monotonic() < deadline:
+                    time.sleep(0.5)
                 if self._dead_learners():
                     raise ChipLost(f"learners {self._dead_learners()} died") from error
                 raise
