@@ -81,15 +81,6 @@ def test_anakin_refuses_an_env_that_is_not_jax(cluster):
     assert set(live_actors()) == actors_before
 
 
-def test_anakin_cartpole_on_a_2x2_reaches_the_training_target(cluster):
-    import workbench as wb
-    from workbench.engine import TrainConfig, train
-
-    config = TrainConfig(env="workbench/CartPole-v1", mode="anakin", total_env_steps=400_000,
-                         seed=0, stop_at_target=True, eval_every=0)
-    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-        result = train(tpu_slice, config)
-    assert result.mode == "anakin" and result.chips == 4
-    assert result.time_to_train_target_s is not None, result.curve[-1]
-    assert result.final_return >= 475
-    assert len(set(result.chip_state_digests)) == 1, "chips ended with different parameters"
+# Anakin CartPole reaching the training target on a simulated 2x2 (final greedy return
+# >= 475, every chip identical) is asserted by the learner-kill and lost-host runs of
+# test_faults.py, which train exactly that to the end.
