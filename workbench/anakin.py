@@ -130,29 +130,22 @@ class AnakinLearner(MeshLearner):
         import jax
         from jax.sharding import PartitionSpec as P
 
-        from workbench.algos.ppo import ActorCritic, init_state, make_optimizer, make_update
-
         super().__init__(seed)
         self.env = env
-        self.config = config
         self.steps_per_update = envs_per_chip * rollout_length * self.num_chips
-        self.network = ActorCritic(env.num_actions, tuple(config.hidden_sizes))
-        optimizer = make_optimizer(config, num_updates)
-        update = make_update(
-            self.network, optimizer, config, loss_fn, axis_name=AXIS, gather_batch=gather_batch
+        update = self._setup_ppo(
+            np.zeros(env.observation_shape, np.float32), env.num_actions, config, num_updates,
+            loss_fn, gather_batch,
         )
         rollout = make_rollout(env, self.network, rollout_length)
 
         def local_step(state, carry, key, stop):
             rollout_key, update_key = jax.random.split(key)
-            chip = jax.lax.axis_index(AXIS)
             # ---- rollout: this chip's envs, its own randomness -------------------------
             carry, trajectory, ended = rollout(
-                state.params, carry, jax.random.fold_in(rollout_key, chip)
+                state.params, carry, jax.random.fold_in(rollout_key, jax.lax.axis_index(AXIS))
             )
             # ---- update: the same PPO step as the actors mode --------------------------
-            if not gather_batch:
-                update_key = jax.random.fold_in(update_key, chip)
             state, metrics = update(state, trajectory, update_key)
             return state, carry, metrics, ended, jax.lax.pmax(stop, AXIS)[0]
 
@@ -169,12 +162,6 @@ class AnakinLearner(MeshLearner):
             donate_argnums=(0, 1),
         )
         self._compiled = None
-        obs_example = np.zeros(env.observation_shape, np.float32)
-        make_state = jax.jit(
-            lambda: init_state(self.network, optimizer, obs_example, seed),
-            out_shardings=self._replicated,
-        )
-        self.state = make_state()
         make_carry = jax.jit(
             jax.shard_map(
                 lambda key: init_envs(

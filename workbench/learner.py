@@ -111,6 +111,41 @@ class MeshLearner:
         # Kept on the host too, so the per-update key needs no device read.
         self._updates = 0
 
+    def _setup_ppo(
+        self,
+        obs_example: np.ndarray,
+        num_actions: int,
+        config: PPOConfig,
+        num_updates: int,
+        loss_fn: LossFn,
+        gather_batch: bool,
+    ):
+        """Build the network, the optimizer and the replicated initial state; return
+        ``chip_update(state, trajectory, key)``, the PPO update as run inside the mesh."""
+        import jax
+
+        from workbench.algos.ppo import ActorCritic, init_state, make_optimizer, make_update
+
+        self.config = config
+        self.network = ActorCritic(num_actions, tuple(config.hidden_sizes))
+        optimizer = make_optimizer(config, num_updates)
+        update = make_update(
+            self.network, optimizer, config, loss_fn, axis_name=AXIS, gather_batch=gather_batch
+        )
+        make_state = jax.jit(
+            lambda: init_state(self.network, optimizer, obs_example, self.seed),
+            out_shardings=self._replicated,
+        )
+        self.state = make_state()
+
+        def chip_update(state, trajectory, key):
+            if not gather_batch:
+                # Each chip shuffles its own data, so each needs its own key.
+                key = jax.random.fold_in(key, jax.lax.axis_index(AXIS))
+            return update(state, trajectory, key)
+
+        return chip_update
+
     @property
     def update_count(self) -> int:
         return self._updates
@@ -179,20 +214,12 @@ class Learner(MeshLearner):
         import jax
         from jax.sharding import PartitionSpec as P
 
-        from workbench.algos.ppo import ActorCritic, init_state, make_optimizer, make_update
-
         super().__init__(seed)
-        self.config = config
-        self.network = ActorCritic(num_actions, tuple(config.hidden_sizes))
-        optimizer = make_optimizer(config, num_updates)
-        update = make_update(
-            self.network, optimizer, config, loss_fn, axis_name=AXIS, gather_batch=gather_batch
+        update = self._setup_ppo(
+            obs_example, num_actions, config, num_updates, loss_fn, gather_batch
         )
 
         def local_update(state, trajectory, key, stop):
-            if not gather_batch:
-                # Each chip shuffles its own data, so each needs its own key.
-                key = jax.random.fold_in(key, jax.lax.axis_index(AXIS))
             state, metrics = update(state, trajectory, key)
             # NOTE: agreeing on "stop" inside the same program costs no extra collective
             # round trip, and every chip leaves the loop after the same update.
@@ -212,11 +239,6 @@ class Learner(MeshLearner):
             ),
             donate_argnums=(0,),
         )
-        make_state = jax.jit(
-            lambda: init_state(self.network, optimizer, obs_example, seed),
-            out_shardings=self._replicated,
-        )
-        self.state = make_state()
 
     def update(self, batches: Sequence[RolloutBatch], stop: bool = False) -> UpdateResult:
         """Apply one update with this chip's rollouts; all chips must call it together."""
