@@ -237,13 +237,28 @@ def _labels(dep: GkeDeployment) -> dict[str, str]:
     }
 
 
-def _shm_volume() -> dict:
-    # Ray's object store lives in /dev/shm; a container's default one is only 64 MiB.
-    return {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+def _pod_template(dep: GkeDeployment, container: str, resources: dict[str, str],
+                  ports: dict[str, int], node_selector: dict[str, str] | None = None) -> dict:
+    """A Ray pod: one container of the deployment's image with equal requests and limits,
+    and a memory-backed /dev/shm (Ray's object store lives there; a container's default
+    one is only 64 MiB)."""
+    spec: dict = {"nodeSelector": dict(node_selector)} if node_selector else {}
+    spec["containers"] = [
+        {
+            "name": container,
+            "image": dep.image,
+            "resources": {"requests": resources, "limits": dict(resources)},
+            "ports": [{"name": name, "containerPort": port} for name, port in ports.items()],
+            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        }
+    ]
+    spec["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    return {"metadata": {"labels": _labels(dep)}, "spec": spec}
 
 
 def _head_group(dep: GkeDeployment) -> dict:
     resources = {"cpu": str(HEAD_CPUS), "memory": HEAD_MEMORY}
+    ports = {"gcs-server": 6379, "dashboard": 8265, "client": RAY_CLIENT_PORT, "metrics": 8080}
     return {
         "serviceType": "ClusterIP",
         "rayStartParams": {
@@ -255,26 +270,7 @@ def _head_group(dep: GkeDeployment) -> dict:
             # KubeRay's probes and `kubectl port-forward` still reach it.
             "dashboard-host": "127.0.0.1",
         },
-        "template": {
-            "metadata": {"labels": _labels(dep)},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "ray-head",
-                        "image": dep.image,
-                        "resources": {"requests": resources, "limits": dict(resources)},
-                        "ports": [
-                            {"name": "gcs-server", "containerPort": 6379},
-                            {"name": "dashboard", "containerPort": 8265},
-                            {"name": "client", "containerPort": RAY_CLIENT_PORT},
-                            {"name": "metrics", "containerPort": 8080},
-                        ],
-                        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-                    }
-                ],
-                "volumes": [_shm_volume()],
-            },
-        },
+        "template": _pod_template(dep, "ray-head", resources, ports),
     }
 
 
@@ -286,6 +282,9 @@ def _tpu_group(dep: GkeDeployment) -> dict:
         "memory": f"{MEMORY_GIB_PER_CHIP * chips}Gi",
         "google.com/tpu": str(chips),
     }
+    # TPU_WORKER_ID, TPU_NAME and TPU_WORKER_HOSTNAMES are left to the webhook, which
+    # skips any the spec already sets.
+    ports = {"tpu-runtime": 8471, "tpu-metrics": 8431, "megascale": 8081}
     return {
         "groupName": dep.group_name,
         "replicas": dep.slices,
@@ -293,28 +292,8 @@ def _tpu_group(dep: GkeDeployment) -> dict:
         "maxReplicas": dep.slices,
         "numOfHosts": shape.hosts,
         "rayStartParams": {},
-        "template": {
-            "metadata": {"labels": _labels(dep)},
-            "spec": {
-                "nodeSelector": dict(shape.gke_node_selector),
-                "containers": [
-                    {
-                        "name": "ray-worker",
-                        "image": dep.image,
-                        # TPU_WORKER_ID, TPU_NAME and TPU_WORKER_HOSTNAMES are left to the
-                        # webhook, which skips any the spec already sets.
-                        "resources": {"requests": resources, "limits": dict(resources)},
-                        "ports": [
-                            {"name": "tpu-runtime", "containerPort": 8471},
-                            {"name": "tpu-metrics", "containerPort": 8431},
-                            {"name": "megascale", "containerPort": 8081},
-                        ],
-                        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-                    }
-                ],
-                "volumes": [_shm_volume()],
-            },
-        },
+        "template": _pod_template(dep, "ray-worker", resources, ports,
+                                  node_selector=shape.gke_node_selector),
     }
 
 
