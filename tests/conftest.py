@@ -3,6 +3,8 @@ costs tens of seconds on a 2-core machine), with the slices the tests contend fo
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import ray
 
@@ -39,3 +41,13 @@ def live_actors() -> list[str]:
     from ray._private.state import actors
 
     return [actor_id for actor_id, a in actors().items() if a["State"] != "DEAD"]
+
+
+@pytest.fixture
+def python_ctrl_c():
+    """Python's own Ctrl-C handler for the test: an interrupt must become a
+    KeyboardInterrupt, whatever an earlier test in this process installed (a full run
+    was seen to leave another handler in place)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

@@ -85,7 +85,8 @@ def test_a_lost_host_moves_the_run_to_an_intact_slice(cluster, sim_cluster, tmp_
     assert result.time_to_train_target_s is not None and result.final_return >= 475
 
 
-def test_ctrl_c_stops_within_seconds_with_a_final_checkpoint(cluster, tmp_path):
+def test_ctrl_c_stops_within_seconds_with_a_final_checkpoint(cluster, tmp_path,
+                                                          python_ctrl_c):
     actors_before = set(live_actors())
     config = TrainConfig(**{**ANAKIN_CARTPOLE, "stop_at_target": False}, seed=0,
                          checkpoint_dir=str(tmp_path), checkpoint_every=1000)
@@ -95,16 +96,11 @@ def test_ctrl_c_stops_within_seconds_with_a_final_checkpoint(cluster, tmp_path):
         sent.append(time.monotonic())
         os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C in a terminal or a notebook does
 
-    # Python's own Ctrl-C handler, whatever earlier tests in this process installed.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-            on_update, _ = _once(interrupt)
-            with pytest.raises(KeyboardInterrupt):
-                train(tpu_slice, config, on_update=on_update)
-            stopped = time.monotonic() - sent[0]
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
+        on_update, _ = _once(interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            train(tpu_slice, config, on_update=on_update)
+        stopped = time.monotonic() - sent[0]
     assert stopped < 5, f"took {stopped:.1f} s to stop"
     step = checkpoint.latest_step(str(tmp_path))
     assert step is not None and step >= 8, "no final checkpoint of the interrupted run"

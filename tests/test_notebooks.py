@@ -7,7 +7,6 @@ Executed notebooks are kept in ``build/notebooks/`` for reading after a failure.
 from __future__ import annotations
 
 import _thread
-import signal
 import threading
 import time
 from pathlib import Path
@@ -139,7 +138,7 @@ def test_bad_parameters_fail_with_a_readable_message(bad, cluster):
     # The `cluster` fixture then checks that no placement group was left behind.
 
 
-def test_stop_button_and_interrupt_end_training_cleanly(cluster, tmp_path):
+def test_stop_button_and_interrupt_end_training_cleanly(cluster, tmp_path, python_ctrl_c):
     config = TrainConfig(total_env_steps=5_000_000, envs_per_chip=8, rollout_length=32,
                          eval_every=0, eval_episodes=4, seed=3, checkpoint_dir=str(tmp_path))
     seen: dict = {}
@@ -154,18 +153,14 @@ def test_stop_button_and_interrupt_end_training_cleanly(cluster, tmp_path):
         if not run.done:  # never interrupt the test runner outside wait()
             _thread.interrupt_main()  # what the kernel's interrupt does to the waiting cell
 
-    # interrupt_main does nothing unless Python's own Ctrl-C handler is installed, which
-    # an earlier test in this process may have replaced.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-            run = ui.start_training(tpu_slice, config, show=False)
-            threading.Thread(target=click_then_interrupt, args=(run,), daemon=True).start()
-            with pytest.raises(KeyboardInterrupt):
-                run.wait()
-            ended_s = time.monotonic() - seen["interrupted_at"]
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    # NOTE: interrupt_main does nothing unless Python's own Ctrl-C handler is installed
+    # (the python_ctrl_c fixture makes sure of it).
+    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
+        run = ui.start_training(tpu_slice, config, show=False)
+        threading.Thread(target=click_then_interrupt, args=(run,), daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            run.wait()
+        ended_s = time.monotonic() - seen["interrupted_at"]
     assert seen["stopped_by_click"] is True
     assert run.done and run.error is None
     assert ended_s < 30, f"training took {ended_s:.1f} s to stop after the interrupt"

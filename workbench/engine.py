@@ -450,14 +450,14 @@ class _Attempt:
         bundle of the first chip it feeds and serves its chips' learners in rank order.
         Anakin mode has none: each learner steps its own JAX envs."""
         tpu_slice, config = self.slice, self.config
-        feeds: list[tuple] = [(None, 0, 0)] * tpu_slice.num_chips
         if config.mode == "anakin":
-            return feeds
+            return [(None, 0, 0)] * tpu_slice.num_chips
         per_host = config.rollout_actors_per_host
         share = tpu_slice.shape.chips_per_host // per_host
         # Rollout actors never use a TPU: keep JAX on the CPU in their processes.
         cpu_env = {"env_vars": {"JAX_PLATFORMS": "cpu"}}
         specs = []
+        fed_by: dict[int, tuple[int, int]] = {}  # chip rank -> (actor index, its part)
         for host in tpu_slice.hosts:
             for k in range(per_host):
                 ranks = host.chips[k * share:(k + 1) * share]
@@ -468,12 +468,12 @@ class _Attempt:
                         config.seed * 10_007 + host.worker_id * per_host + k,
                         config.ppo.hidden_sizes)
                 for part, rank in enumerate(ranks):
-                    feeds[rank] = (len(specs), part)
+                    fed_by[rank] = (len(specs), part)
                 specs.append((options, args))
-        self.keeper = _remote(RolloutKeeper, num_cpus=0, max_concurrency=len(feeds) + 1).options(
+        self.keeper = _remote(RolloutKeeper, num_cpus=0, max_concurrency=len(fed_by) + 1).options(
             scheduling_strategy=tpu_slice.scheduling(0)
         ).remote(specs)
-        return [(self.keeper, index, part) for index, part in feeds]
+        return [(self.keeper, *fed_by[rank]) for rank in range(tpu_slice.num_chips)]
 
     def launch(self) -> None:
         self.runs = [lr.train.remote() for lr in self.learners]
