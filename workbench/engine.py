@@ -378,6 +378,16 @@ class RolloutKeeper:
     def actor(self, index: int):
         return self.actors[index]
 
+    def stop_all(self) -> list[str]:
+        """Kill every rollout actor now; returns their ids so the caller can wait for the
+        cluster to see them gone (Ray tears owned actors down asynchronously)."""
+        import ray
+
+        with self._lock:
+            for actor in self.actors:
+                ray.kill(actor)
+            return [actor._actor_id.hex() for actor in self.actors]
+
     def replace(self, index: int, dead_actor_id: str):
         with self._lock:
             if self.actors[index]._actor_id.hex() == dead_actor_id:
@@ -495,28 +505,68 @@ class _Attempt:
             except ray.exceptions.RayActorError as error:
                 raise ChipLost(f"learner of rank {self.runs.index(ref)} died: {error}") from None
             except ray.exceptions.RayTaskError as error:
-                # A chip's loss often shows first, in the others, as a failed collective,
-                # before Ray has marked the lost learner dead: give it a few seconds.
-                deadline = time.monotonic() + 10
-                while not self._dead_learners() and time.monotonic() < deadline:
-                    time.sleep(0.5)
-                if self._dead_learners():
-                    raise ChipLost(f"learners {self._dead_learners()} died") from error
+                lost = self._lost_learners()
+                if lost:
+                    raise ChipLost(f"learners {lost} died") from error
                 raise
         return len(done) == len(self.runs)
 
-    def _dead_learners(self) -> list[int]:
+    def _lost_learners(self, answer_s: float = 10.0, death_s: float = 60.0) -> list[int]:
+        """Ranks of learners that are gone, after a collective failed.
+
+        A chip's loss shows first, in the others, as a failed collective; Ray marks the
+        lost learner dead only once its host misses enough health checks (tens of seconds
+        with Ray's defaults). Learners that still answer are alive; one that does not is
+        waited on until Ray lists it dead (or ``death_s`` passes, and it counts as lost)."""
+        import ray
         from ray._private.state import actors
 
-        table = actors()
-        return [rank for rank, lr in enumerate(self.learners)
-                if table.get(lr._actor_id.hex(), {}).get("State") == "DEAD"]
+        pings = [lr.__ray_ready__.remote() for lr in self.learners]
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=answer_s)
+        silent = []
+        for rank, ping in enumerate(pings):
+            try:
+                if ping not in ready:
+                    silent.append(rank)
+                else:
+                    ray.get(ping)
+            except ray.exceptions.RayActorError:
+                silent.append(rank)
+        deadline = time.monotonic() + death_s
+        while silent and time.monotonic() < deadline:
+            table = actors()
+            if all(table.get(self.learners[rank]._actor_id.hex(), {}).get("State") == "DEAD"
+                   for rank in silent):
+                break
+            time.sleep(0.5)
+        return silent
 
     def kill(self) -> None:
         import ray
 
-        for actor in self.learners + ([self.keeper] if self.keeper else []):
-            ray.kill(actor)
+        rollout_ids: list[str] = []
+        if self.keeper is not None:
+            with contextlib.suppress(Exception):
+                rollout_ids = ray.get(self.keeper.stop_all.remote(), timeout=10)
+        _kill_and_wait(self.learners + ([self.keeper] if self.keeper else []), rollout_ids)
+
+
+def _kill_and_wait(handles: list, other_ids: list[str] = (), timeout_s: float = 15.0) -> None:
+    """Kill actors and wait (bounded) until the cluster lists them dead, so that a run that
+    has returned leaves nothing alive behind it, even for a moment."""
+    import ray
+    from ray._private.state import actors
+
+    for actor in handles:
+        ray.kill(actor)
+    ids = {actor._actor_id.hex() for actor in handles} | set(other_ids)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        table = actors()
+        if all(table.get(i, {}).get("State", "DEAD") == "DEAD" for i in ids):
+            return
+        time.sleep(0.1)
+    log.warning("some of the run's actors were still shutting down after %.0f s", timeout_s)
 
 
 def _head_node_affinity():
@@ -528,7 +578,9 @@ def _head_node_affinity():
     heads = [n["NodeID"] for n in ray.nodes()
              if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {})]
     node = heads[0] if heads else ray.get_runtime_context().get_node_id()
-    return NodeAffinitySchedulingStrategy(node, soft=True)
+    # NOTE: hard affinity: Ray was seen to place a soft-affine, zero-CPU actor on a
+    # TPU host now and then, and then a lost host took the evaluator with it.
+    return NodeAffinitySchedulingStrategy(node, soft=False)
 
 
 _active_stops: set = set()
@@ -706,8 +758,7 @@ def train(
         _active_stops.discard(stop_event)
         if attempt is not None:
             attempt.kill()
-        for actor in helpers:
-            ray.kill(actor)
+        _kill_and_wait(helpers)
     loop_end = max(r["time"] for r in summary["updates"]) if summary["updates"] else loop_start
     wall_s = loop_end - loop_start
     steps_run = sum(row["steps_this_update"] for row in summary["updates"])
