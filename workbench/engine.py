@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 
 from workbench.algos.ppo import LossFn, PPOConfig, ppo_loss
+from workbench.heap import release_freed_memory
 from workbench.metrics import MetricsBoard, UpdateRecord
+from workbench.rollout import RolloutKeeper
 from workbench.slice import Slice
 
 log = logging.getLogger(__name__)
@@ -251,11 +253,12 @@ class ChipLearnerActor:
 
         if self.config.mode == "anakin":
             self.learner.compile()
-            return
-        # A throwaway update on a copy of the state: the actors' update compiles on use.
-        leaves, update = self.learner.state_leaves(), self.learner.update_count
-        self.learner.update(ray.get(self._sample_all(update)))
-        self.learner.load_state_leaves(leaves, update)
+        else:
+            # A throwaway update on a copy of the state: the actors' update compiles on use.
+            leaves, update = self.learner.state_leaves(), self.learner.update_count
+            self.learner.update(ray.get(self._sample_all(update)))
+            self.learner.load_state_leaves(leaves, update)
+        release_freed_memory()
 
     def request_stop(self) -> None:
         self._stop_requested = True
@@ -349,51 +352,6 @@ def _remote(cls, **options):
     import ray
 
     return ray.remote(**options)(cls) if options else ray.remote(cls)
-
-
-class RolloutKeeper:
-    """Owns a run's rollout actors (as a Ray actor) and replaces one that dies.
-
-    Learners find their rollout actor here; when one dies, each learner it fed asks for
-    a replacement and all of them get the same new actor.
-    """
-
-    def __init__(self, specs: list[tuple[dict, tuple]]) -> None:
-        import threading
-
-        from workbench.rollout import SharedRollout
-
-        self._cls = _remote(SharedRollout)
-        self._specs = specs
-        self._lock = threading.Lock()
-        self.replaced = 0
-        self.actors = [self._start(i) for i in range(len(specs))]
-
-    def _start(self, index: int):
-        options, args = self._specs[index]
-        if self.replaced:
-            options = {**options, "name": f"{options['name']}.{self.replaced}"}
-        return self._cls.options(**options).remote(*args)
-
-    def actor(self, index: int):
-        return self.actors[index]
-
-    def stop_all(self) -> list[str]:
-        """Kill every rollout actor now; returns their ids so the caller can wait for the
-        cluster to see them gone (Ray tears owned actors down asynchronously)."""
-        import ray
-
-        with self._lock:
-            for actor in self.actors:
-                ray.kill(actor)
-            return [actor._actor_id.hex() for actor in self.actors]
-
-    def replace(self, index: int, dead_actor_id: str):
-        with self._lock:
-            if self.actors[index]._actor_id.hex() == dead_actor_id:
-                self.replaced += 1
-                self.actors[index] = self._start(index)
-            return self.actors[index]
 
 
 class ChipLost(RuntimeError):

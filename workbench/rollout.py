@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 import gymnasium as gym
 import numpy as np
 
+from workbench.heap import release_freed_memory
+
 
 def make_vector_env(env_id: str, num_envs: int, seed: int) -> gym.vector.VectorEnv:
     """A vector env of ``env_id``: the env's own vectorised form when it has one (numpy
@@ -127,6 +129,13 @@ class RolloutWorker:
         self._done = np.zeros(num_envs, dtype=bool)
         self._episode_return = np.zeros(num_envs)
         self._episode_length = np.zeros(num_envs, dtype=np.int64)
+        self._compiled = False
+
+    def _after_first_use(self) -> None:
+        # The policy compiles on first use; what the compiler freed goes back to the OS.
+        if not self._compiled:
+            self._compiled = True
+            release_freed_memory()
 
     def sample(self, params, policy_version: int) -> RolloutBatch:
         """Collect one rollout with ``params`` (a pytree of numpy arrays)."""
@@ -169,6 +178,7 @@ class RolloutWorker:
                 self._episode_return[i] = 0.0
                 self._episode_length[i] = 0
         last_value = np.asarray(self._value(params, self._obs), dtype=np.float32)
+        self._after_first_use()
         return RolloutBatch(
             policy_version=policy_version,
             obs=obs_buf,
@@ -199,6 +209,8 @@ class RolloutWorker:
                 running &= ~(term | trunc)
         finally:
             env.close()
+        # Rare, and the first one compiles the greedy policy: a good moment to give back.
+        release_freed_memory()
         return totals.tolist()
 
     def close(self) -> None:
@@ -245,3 +257,46 @@ class SharedRollout:
 
     def evaluate(self, params, episodes: int = 20) -> list[float]:
         return self.worker.evaluate(params, episodes)
+
+
+class RolloutKeeper:
+    """Owns a run's rollout actors (as a Ray actor that imports no JAX) and replaces one that dies.
+
+    Learners find their rollout actor here; when one dies, each learner it fed asks for
+    a replacement and all of them get the same new actor.
+    """
+
+    def __init__(self, specs: list[tuple[dict, tuple]]) -> None:
+        import ray
+
+        self._cls = ray.remote(SharedRollout)
+        self._specs = specs
+        self._lock = threading.Lock()
+        self.replaced = 0
+        self.actors = [self._start(i) for i in range(len(specs))]
+
+    def _start(self, index: int):
+        options, args = self._specs[index]
+        if self.replaced:
+            options = {**options, "name": f"{options['name']}.{self.replaced}"}
+        return self._cls.options(**options).remote(*args)
+
+    def actor(self, index: int):
+        return self.actors[index]
+
+    def stop_all(self) -> list[str]:
+        """Kill every rollout actor now; returns their ids so the caller can wait for the
+        cluster to see them gone (Ray tears owned actors down asynchronously)."""
+        import ray
+
+        with self._lock:
+            for actor in self.actors:
+                ray.kill(actor)
+            return [actor._actor_id.hex() for actor in self.actors]
+
+    def replace(self, index: int, dead_actor_id: str):
+        with self._lock:
+            if self.actors[index]._actor_id.hex() == dead_actor_id:
+                self.replaced += 1
+                self.actors[index] = self._start(index)
+            return self.actors[index]

@@ -96,7 +96,12 @@ class Simulator:
             max_worker_port=0,
         )
         if head:
-            params.update(temp_dir=self.temp_dir, include_dashboard=False)
+            # Binder gives a session about 2 GiB, so the head starts only what a simulated
+            # cluster uses: no autoscaler monitor (its hosts change only when asked), no
+            # log monitor (as on the hosts), and no idle worker started ahead of need.
+            params.update(temp_dir=self.temp_dir, include_dashboard=False, no_monitor=True,
+                          include_log_monitor=False,
+                          _system_config={"prestart_worker_first_driver": False})
         else:
             params.update(
                 gcs_address=self.head.gcs_address,
