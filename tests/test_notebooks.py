@@ -13,7 +13,7 @@ from pathlib import Path
 
 import papermill as pm
 import pytest
-from conftest import live_actors
+from conftest import live_actors, live_placement_groups
 
 import workbench as wb
 from workbench import checkpoint, ui
@@ -168,7 +168,7 @@ def test_stop_button_and_interrupt_end_training_cleanly(cluster, tmp_path, pytho
         ended_s = time.monotonic() - seen["interrupted_at"]
     assert seen["stopped_by_click"] is True
     assert run.done and run.error is None
-    assert ended_s < 30, f"training took {ended_s:.1f} s to stop after the interrupt"
+    assert ended_s < 5, f"training took {ended_s:.1f} s to stop after the interrupt"
     planned = config.num_updates(4)
     assert 1 <= run.result.updates < planned
     saved = checkpoint.restore(str(tmp_path))
@@ -204,3 +204,78 @@ def test_picker_reserves_shows_contention_and_releases(cluster):
     assert first.slice is None and "Released" in first.status.value
     _wait_until(lambda: second.refresh() == 1)
     # The `cluster` fixture then checks that no placement group is left.
+
+
+KERNEL_TRAINS = """
+import workbench as wb
+from workbench import ui
+from workbench.engine import TrainConfig
+
+wb.connect({address!r}, node_ip={node_ip!r})
+tpu_slice = wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2)
+config = TrainConfig(env="workbench/CartPole-v1", mode="anakin", total_env_steps=50_000_000,
+                     eval_every=0, seed=4, checkpoint_dir={checkpoints!r},
+                     checkpoint_every=100_000)
+run = ui.start_training(tpu_slice, config, show=False, release_slice=True)
+"""
+
+
+def test_shutting_the_kernel_down_stops_training_checkpoints_and_releases(cluster, tmp_path):
+    """A kernel shut down (JupyterLab's "Shut Down Kernel") while a run trains in it."""
+    from jupyter_client.manager import start_new_kernel
+    from ray._private.state import actors
+
+    before = set(live_actors())
+    checkpoints = tmp_path / "checkpoints"
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    try:
+        code = KERNEL_TRAINS.format(address=cluster.address, node_ip=cluster.node_ip,
+                                    checkpoints=str(checkpoints))
+        reply = client.execute_interactive(code, timeout=180)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        updates: list[str] = []
+        deadline = time.monotonic() + 240
+        while not updates or int(updates[-1]) < 3:
+            assert time.monotonic() < deadline, "the run in the kernel did not get going"
+            time.sleep(1)
+            client.execute_interactive(
+                "print(len(run.rows))", timeout=30,
+                output_hook=lambda msg: updates.extend(
+                    msg["content"].get("text", "").split()
+                ),
+            )
+        run_actors = set(live_actors()) - before
+        pids = {actors()[a]["Pid"] for a in run_actors}
+        assert len(run_actors) >= 4 and all(pids)
+
+        manager.shutdown_wait_time = 30.0  # measure how long it takes; never kill it early
+        asked = time.monotonic()
+        manager.shutdown_kernel(now=False)
+        ended_s = time.monotonic() - asked
+    finally:
+        client.stop_channels()
+        if manager.is_alive():
+            manager.shutdown_kernel(now=True)
+    assert ended_s < 5, f"the kernel took {ended_s:.1f} s to shut down"
+    step = checkpoint.latest_step(str(checkpoints))
+    assert step is not None and step >= 3, "no final checkpoint of the run in the kernel"
+    # The slice and every actor and worker process of the run are gone.
+    assert live_placement_groups() == []
+    assert set(live_actors()) <= before
+    deadline = time.monotonic() + 10
+    while _running(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _running(pids), "worker processes of the run outlived the kernel"
+
+
+def _running(pids: set[int]) -> list[int]:
+    import psutil
+
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive

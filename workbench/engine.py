@@ -545,7 +545,6 @@ _active_stops: set = set()
 """Stop events of runs in progress in this process; set at interpreter exit."""
 
 
-@atexit.register
 def _stop_active_runs(grace_s: float = 4.0) -> None:
     # NOTE: a kernel shutting down (or a CLI exiting) while a run trains in another
     # thread: ask the run to stop, so the learners write a final checkpoint, and give
@@ -631,6 +630,10 @@ def train(
     num_chips = tpu_slice.num_chips
     stop_event = threading.Event()
     _active_stops.add(stop_event)
+    # Exit handlers run last-registered first: this one must run before Ray's own (added
+    # by ray.init, earlier), which would take the actors away before they could checkpoint.
+    atexit.unregister(_stop_active_runs)
+    atexit.register(_stop_active_runs)
     helpers: list = []
     attempt: _Attempt | None = None
     restarts = env_steps_redone = 0
