@@ -45,8 +45,9 @@ def binder_env(tmp_path_factory) -> dict:
     venv = base / "venv"
     _run([sys.executable, "-m", "venv", str(venv)])
     python = venv / "bin" / "python"
+    # No .pyc compilation at install: the kernel compiles only what it imports.
     _run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-          "-r", str(checkout / "binder" / "requirements.txt")])
+          "--no-compile", "-r", str(checkout / "binder" / "requirements.txt")])
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
     _run([str(checkout / "binder" / "postBuild")], env=env, cwd=base)
