@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -509,7 +509,7 @@ class _Attempt:
         _kill_and_wait(self.learners + ([self.keeper] if self.keeper else []), rollout_ids)
 
 
-def _kill_and_wait(handles: list, other_ids: list[str] = (), timeout_s: float = 15.0) -> None:
+def _kill_and_wait(handles: list, other_ids: Iterable[str] = (), timeout_s: float = 15.0) -> None:
     """Kill actors and wait (bounded) until the cluster lists them dead, so that a run that
     has returned leaves nothing alive behind it, even for a moment."""
     import ray
