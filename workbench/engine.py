@@ -185,7 +185,7 @@ class ChipLearnerActor:
     def coordinator_address(self) -> str:
         import ray
 
-        from workbench.learner import free_port
+        from workbench.ports import free_port
 
         host = ray.util.get_node_ip_address()
         return f"{host}:{free_port(host)}"

@@ -9,7 +9,6 @@ every chip. The update step is written once (``workbench.algos``); only the mesh
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,12 +44,6 @@ def configure_jax_platform(platform: str) -> None:
     if platform == "cpu":
         jax.config.update("jax_num_cpu_devices", 1)
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def join_distributed(coordinator: str, num_processes: int, rank: int, timeout_s: float) -> float:

@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import sys
 from dataclasses import dataclass
 
+from workbench.ports import free_port
 from workbench.tpu import SliceShape, parse_shape
 
 log = logging.getLogger("workbench.simulator")
@@ -40,12 +40,6 @@ LOCAL_ONLY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 TPU_ENV_KEYS = ("TPU_NAME", "TPU_WORKER_ID", "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY")
 AGENT_PORTS = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port",
                "runtime_env_agent_port")
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def host_environment(shape: SliceShape, slice_name: str, worker_id: int) -> dict[str, str]:
@@ -131,7 +125,7 @@ class Simulator:
             # 15 s for them and aborts if they are slower, as Python processes starting on a
             # busy machine can be; given the ports, it does not wait. Ray's fixed default
             # for one of them would also clash between clusters on 127.0.0.1.
-            ports = {name: _free_port(self.node_ip) for name in AGENT_PORTS}
+            ports = {name: free_port(self.node_ip) for name in AGENT_PORTS}
             try:
                 # Fresh parameters each attempt: Ray writes the ports it picked into them.
                 return ray._private.node.Node(
