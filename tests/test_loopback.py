@@ -110,7 +110,7 @@ def test_a_learner_group_listens_on_loopback_only(cluster):
     @ray.remote(num_cpus=1, resources={"TPU": 1})
     class Member:
         def address(self) -> str:
-            from workbench.learner import free_port
+            from workbench.ports import free_port
 
             host = ray.util.get_node_ip_address()
             return f"{host}:{free_port(host)}"
