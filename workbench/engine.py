@@ -477,7 +477,6 @@ class _Attempt:
         with Ray's defaults). Learners that still answer are alive; one that does not is
         waited on until Ray lists it dead (or ``death_s`` passes, and it counts as lost)."""
         import ray
-        from ray._private.state import actors
 
         pings = [lr.__ray_ready__.remote() for lr in self.learners]
         ready, _ = ray.wait(pings, num_returns=len(pings), timeout=answer_s)
@@ -490,13 +489,7 @@ class _Attempt:
                     ray.get(ping)
             except ray.exceptions.RayActorError:
                 silent.append(rank)
-        deadline = time.monotonic() + death_s
-        while silent and time.monotonic() < deadline:
-            table = actors()
-            if all(table.get(self.learners[rank]._actor_id.hex(), {}).get("State") == "DEAD"
-                   for rank in silent):
-                break
-            time.sleep(0.5)
+        _wait_until_dead([self.learners[rank]._actor_id.hex() for rank in silent], death_s)
         return silent
 
     def kill(self) -> None:
@@ -513,18 +506,27 @@ def _kill_and_wait(handles: list, other_ids: Iterable[str] = (), timeout_s: floa
     """Kill actors and wait (bounded) until the cluster lists them dead, so that a run that
     has returned leaves nothing alive behind it, even for a moment."""
     import ray
-    from ray._private.state import actors
 
     for actor in handles:
         ray.kill(actor)
-    ids = {actor._actor_id.hex() for actor in handles} | set(other_ids)
+    ids = [actor._actor_id.hex() for actor in handles] + list(other_ids)
+    if not _wait_until_dead(ids, timeout_s):
+        log.warning("some of the run's actors were still shutting down after %.0f s", timeout_s)
+
+
+def _wait_until_dead(actor_ids: list[str], timeout_s: float) -> bool:
+    """Poll Ray's actor table until every one of ``actor_ids`` is listed dead (an id it no
+    longer lists counts as dead); False if ``timeout_s`` passed first."""
+    from ray._private.state import actors
+
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
         table = actors()
-        if all(table.get(i, {}).get("State", "DEAD") == "DEAD" for i in ids):
-            return
-        time.sleep(0.1)
-    log.warning("some of the run's actors were still shutting down after %.0f s", timeout_s)
+        if all(table.get(i, {}).get("State", "DEAD") == "DEAD" for i in actor_ids):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
 
 
 def _head_node_affinity():
