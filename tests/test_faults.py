@@ -82,9 +82,14 @@ def test_a_lost_host_moves_the_run_to_an_intact_slice(cluster, sim_cluster, tmp_
         if lost:
             sim_cluster.add_host(lost[0], 0)  # the session cluster gets its slice back
     assert result.restarts == 1 and result.recovery_s < 60
-    # The bar is the training target; the greedy evaluation taken the moment a restarted
-    # run reaches it was seen between 428 and 500.
-    assert result.time_to_train_target_s is not None and result.final_return >= 400
+    per_update = 4 * 16 * 64
+    assert 0 <= result.env_steps_redone <= 6 * per_update, result.env_steps_redone
+    # The bar is the training target, counted only over episodes of the restored policy's
+    # line. The greedy evaluation taken the moment a restarted run reaches it varies more
+    # (seen from 349 to 500); a policy that lost what it learned scores near 20.
+    assert result.time_to_train_target_s is not None
+    assert result.curve[-1]["mean_return_100"] >= 475
+    assert result.final_return >= 250
 
 
 def test_ctrl_c_stops_within_seconds_with_a_final_checkpoint(cluster, tmp_path,

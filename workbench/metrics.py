@@ -46,6 +46,9 @@ class MetricsLog:
         self.target = target_return
         self.pending: dict[int, dict[int, UpdateRecord]] = {}
         self.rows: list[dict] = []
+        self.row_returns: list[list[float]] = []
+        """The episode returns each row closed, kept apart so snapshots stay small."""
+        self.last_closed: int | None = None
         self.recent: deque = deque(maxlen=WINDOW)
         self.episodes = 0
         self.train_target: dict | None = None
@@ -55,7 +58,9 @@ class MetricsLog:
     def add(self, record: UpdateRecord) -> None:
         self.pending.setdefault(record.update, {})[record.rank] = record
         while True:
-            next_update = (self.rows[-1]["update"] + 1) if self.rows else min(self.pending)
+            next_update = (
+                self.last_closed + 1 if self.last_closed is not None else min(self.pending)
+            )
             parts = self.pending.get(next_update)
             if parts is None or len(parts) < self.num_chips:
                 return
@@ -87,6 +92,8 @@ class MetricsLog:
             **parts[0].metrics,
         }
         self.rows.append(row)
+        self.row_returns.append(finished)
+        self.last_closed = update
         if (
             self.train_target is None
             and row["mean_return_100"] is not None
@@ -96,11 +103,27 @@ class MetricsLog:
 
     def rewind(self, update: int) -> None:
         """Forget updates after ``update``: a restarted run redoes them from its last
-        checkpoint. Episodes already counted stay counted: they were played."""
-        self.rows = [r for r in self.rows if r["update"] <= update]
-        self.pending = {u: p for u, p in self.pending.items() if u <= update}
+        checkpoint, with the episode count and the rolling window as they were after
+        ``update``: episodes the lost updates played came from a policy that is gone, and
+        must not count towards the target.
+
+        The checkpoint can be ahead of the last joined row (rank 0 saves update U after
+        pushing its record; a chip that died before pushing U leaves U unjoined), so the
+        next row expected is ``update + 1`` whatever the rows hold, and every record still
+        waiting to be joined belongs to the dead attempt."""
+        kept = sum(1 for r in self.rows if r["update"] <= update)
+        self.rows, self.row_returns = self.rows[:kept], self.row_returns[:kept]
+        self.recent = deque((r for returns in self.row_returns for r in returns),
+                            maxlen=WINDOW)
+        self.episodes = self.rows[-1]["episodes"] if self.rows else 0
+        self.pending = {}
+        self.last_closed = update
         if self.train_target is not None and self.train_target["update"] > update:
             self.train_target = None
+        # Likewise a greedy evaluation of a policy the checkpoint does not hold.
+        self.evals = [e for e in self.evals if e["update"] <= update]
+        if self.eval_target is not None and self.eval_target["update"] > update:
+            self.eval_target = None
 
     def add_eval(self, update: int, env_steps: int, mean_return: float, time: float) -> None:
         entry = {"update": update, "env_steps": env_steps, "mean_return": mean_return,
@@ -155,6 +178,7 @@ class MetricsBoard:
         self.pending = still
 
     def rewind(self, update: int) -> None:
+        self.pending = [entry for entry in self.pending if entry[1] <= update]
         self.log.rewind(update)
 
     def snapshot(self, since: int = 0, wait_evals: bool = False) -> dict:

@@ -1,0 +1,62 @@
+"""The metrics log's joining of per-chip records into one curve, across a restart."""
+
+from __future__ import annotations
+
+from workbench.metrics import MetricsLog, UpdateRecord
+
+
+def _record(update: int, rank: int, returns: list[float] | None = None) -> UpdateRecord:
+    return UpdateRecord(update=update, rank=rank, time=float(update), env_steps=100 * update,
+                        steps=100, episode_returns=returns or [], step_s=0.01, metrics={})
+
+
+def _push(log: MetricsLog, updates: range, ranks: range, returns: list[float] | None = None):
+    for update in updates:
+        for rank in ranks:
+            log.add(_record(update, rank, returns))
+
+
+def test_a_row_closes_only_when_every_chip_has_reported():
+    log = MetricsLog(num_chips=2, target_return=475)
+    log.add(_record(1, 1))
+    assert log.rows == []
+    log.add(_record(1, 0))
+    assert [r["update"] for r in log.rows] == [1]
+
+
+def test_a_restart_from_a_checkpoint_ahead_of_the_last_joined_row_keeps_the_curve_going():
+    # Rank 0 saved update 12 and pushed its record; rank 1 died before pushing update 12.
+    log = MetricsLog(num_chips=2, target_return=475)
+    _push(log, range(1, 12), range(2))
+    log.add(_record(12, 0))
+    assert log.rows[-1]["update"] == 11
+
+    log.rewind(12)
+    _push(log, range(13, 16), range(2), returns=[500.0] * 25)
+
+    assert [r["update"] for r in log.rows] == list(range(1, 12)) + [13, 14, 15]
+    assert log.snapshot(since=12)["train_target_update"] == 14
+
+
+def test_a_restart_from_an_older_checkpoint_redoes_the_updates_after_it():
+    log = MetricsLog(num_chips=2, target_return=475)
+    _push(log, range(1, 12), range(2), returns=[500.0] * 25)
+    assert log.train_target["update"] == 2
+    log.rewind(1)
+    assert log.train_target is None and [r["update"] for r in log.rows] == [1]
+    _push(log, range(2, 4), range(2), returns=[10.0])
+    assert [r["update"] for r in log.rows] == [1, 2, 3]
+    # Only update 1's 50 episodes and the 4 redone ones count: the window is not full yet.
+    assert log.rows[-1]["episodes"] == 54 and log.rows[-1]["mean_return_100"] is None
+    assert log.train_target is None
+
+
+def test_a_greedy_evaluation_of_a_lost_policy_is_forgotten_on_restart():
+    log = MetricsLog(num_chips=1, target_return=475)
+    _push(log, range(1, 11), range(1))
+    log.add_eval(update=4, env_steps=400, mean_return=120.0, time=4.0)
+    log.add_eval(update=8, env_steps=800, mean_return=500.0, time=8.0)
+    log.rewind(4)
+    snapshot = log.snapshot()
+    assert [e["update"] for e in snapshot["evals"]] == [4]
+    assert snapshot["eval_target_time"] is None
