@@ -1,4 +1,5 @@
-"""Both ways of keeping chips equal compute the same update as one device would.
+"""Both ways of keeping chips equal compute the same update as one device would, and
+both carry any chip's request to stop to every chip.
 
 Runs in a child process with four CPU devices, since this process's JAX already has one.
 """
@@ -43,12 +44,16 @@ CHILD = textwrap.dedent(
     specs = Trajectory(*([P(None, "chips")] * 8), last_value=P("chips"))
     for gather in (False, True):
         update = make_update(net, opt, config, axis_name="chips", gather_batch=gather)
-        sharded = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(P(), specs, P()),
+        sharded = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(P(), specs, P(), P("chips")),
                                         out_specs=(P(), P()), check_vma=not gather))
-        got, _ = sharded(state, traj, key)
+        name = "gather" if gather else "gradients"
+        got, metrics = sharded(state, traj, key, jnp.array([0, 0, 1, 0]))
         diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in
                    zip(jax.tree.leaves(got.params), jax.tree.leaves(reference.params)))
-        print("gather" if gather else "gradients", diff)
+        print(name, diff)
+        print(name + "-one-stops", float(metrics["stop"]))
+        _, metrics = sharded(state, traj, key, jnp.zeros(4, jnp.int32))
+        print(name + "-none-stops", float(metrics["stop"]))
     """
 )
 
@@ -60,3 +65,6 @@ def test_per_minibatch_all_reduce_and_batch_gather_match_one_device():
     diffs = dict(line.split() for line in out.stdout.strip().splitlines())
     assert float(diffs["gradients"]) < 1e-5, diffs
     assert float(diffs["gather"]) < 1e-5, diffs
+    # One chip's wish to stop reaches every chip through the update's own collectives.
+    for mode in ("gradients", "gather"):
+        assert float(diffs[f"{mode}-one-stops"]) > 0 and float(diffs[f"{mode}-none-stops"]) == 0

@@ -146,8 +146,8 @@ class AnakinLearner(MeshLearner):
                 state.params, carry, jax.random.fold_in(rollout_key, jax.lax.axis_index(AXIS))
             )
             # ---- update: the same PPO step as the actors mode --------------------------
-            state, metrics = update(state, trajectory, update_key)
-            return state, carry, metrics, ended, jax.lax.pmax(stop, AXIS)[0]
+            state, metrics, any_stop = update(state, trajectory, update_key, stop)
+            return state, carry, metrics, ended, any_stop
 
         self._step = jax.jit(
             jax.shard_map(

@@ -114,7 +114,8 @@ class MeshLearner:
         gather_batch: bool,
     ):
         """Build the network, the optimizer and the replicated initial state; return
-        ``chip_update(state, trajectory, key)``, the PPO update as run inside the mesh."""
+        ``chip_update(state, trajectory, key, stop) -> (state, metrics, any_stop)``, the
+        PPO update as run inside the mesh."""
         import jax
 
         from workbench.algos.ppo import ActorCritic, init_state, make_optimizer, make_update
@@ -131,11 +132,14 @@ class MeshLearner:
         )
         self.state = make_state()
 
-        def chip_update(state, trajectory, key):
+        def chip_update(state, trajectory, key, stop):
             if not gather_batch:
                 # Each chip shuffles its own data, so each needs its own key.
                 key = jax.random.fold_in(key, jax.lax.axis_index(AXIS))
-            return update(state, trajectory, key)
+            state, metrics = update(state, trajectory, key, stop[0])
+            # NOTE: every chip leaves the loop after the same update: the stop flags were
+            # agreed on inside the update's own collectives.
+            return state, metrics, metrics.pop("stop") > 0
 
         return chip_update
 
@@ -212,16 +216,10 @@ class Learner(MeshLearner):
             obs_example, num_actions, config, num_updates, loss_fn, gather_batch
         )
 
-        def local_update(state, trajectory, key, stop):
-            state, metrics = update(state, trajectory, key)
-            # NOTE: agreeing on "stop" inside the same program costs no extra collective
-            # round trip, and every chip leaves the loop after the same update.
-            return state, metrics, jax.lax.pmax(stop, AXIS)[0]
-
         trajectory_specs = Trajectory(*([P(None, AXIS)] * 8), last_value=P(AXIS))
         self._update = jax.jit(
             jax.shard_map(
-                local_update,
+                update,
                 mesh=self.mesh,
                 in_specs=(P(), trajectory_specs, P(), P(AXIS)),
                 out_specs=(P(), P(), P()),

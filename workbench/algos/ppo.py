@@ -220,7 +220,7 @@ def make_update(
     loss_fn: LossFn = ppo_loss,
     axis_name: str | None = None,
     gather_batch: bool = False,
-) -> Callable[[LearnerState, Trajectory, jax.Array], tuple[LearnerState, dict]]:
+) -> Callable[..., tuple[LearnerState, dict]]:
     """Build one PPO update: GAE, then epochs of shuffled minibatch gradient steps.
 
     Across chips (``axis_name`` set) there are two exact ways to keep every chip's
@@ -246,8 +246,9 @@ def make_update(
         gather_batch: see above; only meaningful with ``axis_name``.
 
     Returns:
-        ``update(state, trajectory, key) -> (state, metrics)``, pure and jittable. With
-        ``gather_batch`` only the first chip's key is used; otherwise each chip's is.
+        ``update(state, trajectory, key, stop=None) -> (state, metrics)``, pure and
+        jittable. With ``gather_batch`` only the first chip's key is used; otherwise each
+        chip's is. ``metrics["stop"]`` is above zero when any chip passed a true ``stop``.
     """
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     gather = bool(axis_name) and gather_batch
@@ -260,27 +261,35 @@ def make_update(
         flat, unravel = ravel_pytree(tree)
         return unravel(jax.lax.pmean(flat, axis_name))
 
-    def update(state: LearnerState, trajectory: Trajectory, key: jax.Array):
+    def update(state: LearnerState, trajectory: Trajectory, key: jax.Array, stop=None):
+        # NOTE: ``stop`` (this chip's wish to end the run) rides along with the update's
+        # own collectives, so agreeing on it costs no extra round trip: it comes back as
+        # ``metrics["stop"]``, above zero when any chip asked.
+        stop = jnp.zeros((), jnp.float32) if stop is None else jnp.reshape(stop, ()) * 1.0
         if not gather:
-            return learn(state, trajectory, key)
-        # NOTE: the first of the update's two collectives: the leader gets every chip's
-        # trajectories. The others compute nothing and wait for the second, which hands
-        # them the leader's result, so every chip ends with the same state, bit for bit.
+            return learn(state, trajectory, key, stop)
+        # NOTE: the first of the update's two collectives: every chip gets every chip's
+        # trajectories (and stop flag), as one flat vector, since on CPU each collective
+        # costs milliseconds whatever its size. Only the leader learns; the others wait
+        # for the second, which hands them its result, so every chip ends with the same
+        # state, bit for bit.
+        chips = gather_from_chips((trajectory, stop), axis_name)
         trajectory = Trajectory(
-            *[jax.lax.all_gather(x, axis_name, axis=1, tiled=True) for x in trajectory[:8]],
-            last_value=jax.lax.all_gather(trajectory.last_value, axis_name, tiled=True),
+            *[jnp.concatenate([t[i] for t, _ in chips], axis=1) for i in range(8)],
+            last_value=jnp.concatenate([t.last_value for t, _ in chips]),
         )
+        stop = jnp.max(jnp.stack([s for _, s in chips]))
         leader = jax.lax.axis_index(axis_name) == 0
-        shapes = jax.eval_shape(learn, state, trajectory, key)
+        shapes = jax.eval_shape(learn, state, trajectory, key, stop)
         result = jax.lax.cond(
             leader,
-            lambda: learn(state, trajectory, key),
+            lambda: learn(state, trajectory, key, stop),
             lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes),
         )
         flat, unravel = ravel_pytree(result)
         return unravel(jax.lax.psum(jnp.where(leader, flat, 0), axis_name))
 
-    def learn(state: LearnerState, trajectory: Trajectory, key: jax.Array):
+    def learn(state: LearnerState, trajectory: Trajectory, key: jax.Array, stop: jax.Array):
         advantages, returns = gae(
             trajectory.rewards,
             trajectory.values,
@@ -320,10 +329,17 @@ def make_update(
         (params, opt_state), metrics = jax.lax.scan(
             epoch, (state.params, state.opt_state), keys
         )
-        metrics = mean_over_chips(jax.tree.map(jnp.mean, metrics))
+        metrics = mean_over_chips({**jax.tree.map(jnp.mean, metrics), "stop": stop})
         return LearnerState(params, opt_state, state.update + 1), metrics
 
     return update
+
+
+def gather_from_chips(tree: Any, axis_name: str) -> list[Any]:
+    """Every chip's ``tree``, in chip order, on every chip: one all-gather of one flat
+    vector, however many leaves the tree has."""
+    flat, unravel = ravel_pytree(tree)
+    return [unravel(row) for row in jax.lax.all_gather(flat, axis_name)]
 
 
 def policy_step(
