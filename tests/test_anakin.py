@@ -84,3 +84,19 @@ def test_anakin_refuses_an_env_that_is_not_jax(cluster):
 # Anakin CartPole reaching the training target on a simulated 2x2 (final greedy return
 # >= 475, every chip identical) is asserted by the learner-kill and lost-host runs of
 # test_faults.py, which train exactly that to the end.
+
+
+def test_greedy_evaluation_of_a_jax_env_compiled_matches_stepping_its_gymnasium_view():
+    from workbench.rollout import RolloutWorker
+
+    worker = RolloutWorker("workbench/CartPole-v1", 1, 1, seed=0)
+    params = worker.network.init(jax.random.PRNGKey(0), np.zeros((1, 4), np.float32))
+    # A policy that always pushes right: its episodes end within a few steps of each
+    # other whatever the start state, so both ways of evaluating must agree closely.
+    params["params"]["Dense_4"] = {"kernel": np.zeros((64, 2), np.float32),
+                                   "bias": np.array([0.0, 1.0], np.float32)}
+    compiled = np.array(worker.evaluate(params, 100))
+    stepped = worker._evaluate_stepped(params, 100, seed=10_000)
+    assert compiled.shape == (100,) and set(np.unique(compiled)) <= set(range(7, 14))
+    assert abs(compiled.mean() - stepped.mean()) < 0.5, (compiled.mean(), stepped.mean())
+    worker.close()

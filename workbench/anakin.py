@@ -108,6 +108,44 @@ def make_rollout(env, network, rollout_length: int) -> Callable:
     return rollout
 
 
+def make_greedy_evaluation(env, network, episodes: int) -> Callable:
+    """``evaluate(params, key) -> returns[episodes]``: one episode on each of ``episodes``
+    fresh copies of the JAX env ``env`` with the greedy policy, in one compiled program.
+
+    Runs ``env.max_episode_steps`` steps, by which every episode has ended; an episode's
+    return stops counting on the step it ended. A greedy evaluation stepped from Python
+    costs a dispatch per step, and the engine evaluates often enough for that to take a
+    core away from the learners.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from workbench.algos.ppo import greedy_step
+
+    act = greedy_step(network)
+    step_all = jax.vmap(env.step)
+
+    def evaluate(params, key):
+        reset_key, step_key = jax.random.split(key)
+        state, obs = jax.vmap(env.reset)(jax.random.split(reset_key, episodes))
+
+        def one_step(carry, step_key):
+            state, obs, running, total = carry
+            state, obs, reward, terminated, truncated = step_all(
+                state, act(params, obs), jax.random.split(step_key, episodes)
+            )
+            total = total + jnp.where(running, reward, 0.0)
+            return (state, obs, running & ~(terminated | truncated), total), None
+
+        start = (state, obs, jnp.ones(episodes, bool), jnp.zeros(episodes, jnp.float32))
+        (_, _, _, total), _ = jax.lax.scan(
+            one_step, start, jax.random.split(step_key, env.max_episode_steps)
+        )
+        return total
+
+    return evaluate
+
+
 class AnakinLearner(MeshLearner):
     """One chip's learner in Anakin mode: its own envs, rollout and update on the chip.
 

@@ -123,6 +123,7 @@ class RolloutWorker:
 
         self._act = jax.jit(act_packed)
         self._greedy = jax.jit(greedy_step(self.network))
+        self._compiled_evaluations: dict[int, object] = {}
         self._value = jax.jit(lambda p, o: self.network.apply(p, o)[1])
         self._key = jax.random.PRNGKey(seed)
         self._obs, _ = self.env.reset(seed=seed)
@@ -197,6 +198,30 @@ class RolloutWorker:
 
     def evaluate(self, params, episodes: int = 20, seed: int = 10_000) -> list[float]:
         """Returns of ``episodes`` episodes with the greedy policy, on fresh envs."""
+        from workbench.envs import jax_env_ids
+
+        if self.env_id in jax_env_ids():
+            totals = self._evaluate_compiled(params, episodes, seed)
+        else:
+            totals = self._evaluate_stepped(params, episodes, seed)
+        # Rare, and the first one compiles the greedy policy: a good moment to give back.
+        release_freed_memory()
+        return totals.tolist()
+
+    def _evaluate_compiled(self, params, episodes: int, seed: int) -> np.ndarray:
+        import jax
+
+        from workbench.anakin import make_greedy_evaluation
+        from workbench.envs import make_jax
+
+        if episodes not in self._compiled_evaluations:
+            self._compiled_evaluations[episodes] = jax.jit(make_greedy_evaluation(
+                make_jax(self.env_id), self.network, episodes
+            ))
+        evaluate = self._compiled_evaluations[episodes]
+        return np.asarray(evaluate(params, jax.random.PRNGKey(seed)), dtype=np.float64)
+
+    def _evaluate_stepped(self, params, episodes: int, seed: int) -> np.ndarray:
         env = make_vector_env(self.env_id, episodes, seed)
         obs, _ = env.reset(seed=seed)
         totals = np.zeros(episodes)
@@ -209,9 +234,7 @@ class RolloutWorker:
                 running &= ~(term | trunc)
         finally:
             env.close()
-        # Rare, and the first one compiles the greedy policy: a good moment to give back.
-        release_freed_memory()
-        return totals.tolist()
+        return totals
 
     def close(self) -> None:
         self.env.close()
