@@ -648,6 +648,7 @@ def train(
         evaluator = _remote(RolloutWorker, num_cpus=0, runtime_env=cpu_env).options(
             **placement
         ).remote(config.env, 1, 1, config.seed + 999_983, config.ppo.hidden_sizes)
+        evaluator_ready = evaluator.prepare_evaluation.remote(config.eval_episodes)
         board = _remote(MetricsBoard, num_cpus=0).options(**placement).remote(
             num_chips, config.target_return, config.eval_episodes, evaluator
         )
@@ -664,6 +665,7 @@ def train(
                     seen = setup["start_update"]
                     ray.get(board.rewind.remote(seen))
                 else:
+                    ray.get(evaluator_ready)
                     startup_s = time.monotonic() - started
                 attempt.launch()
                 loop_start = loop_start or time.time()

@@ -113,6 +113,7 @@ class RolloutWorker:
         self.num_envs = num_envs
         self.rollout_length = rollout_length
         obs_example, num_actions = env_spaces(env_id)
+        self._obs_example = obs_example
         self.network = ActorCritic(num_actions, tuple(hidden_sizes))
         act = policy_step(self.network)
 
@@ -207,6 +208,14 @@ class RolloutWorker:
         # Rare, and the first one compiles the greedy policy: a good moment to give back.
         release_freed_memory()
         return totals.tolist()
+
+    def prepare_evaluation(self, episodes: int) -> None:
+        """Compile the greedy evaluation now (with the network's initial parameters), so
+        that the first one of a training loop does not compile beside the learners."""
+        import jax
+
+        self.evaluate(self.network.init(jax.random.PRNGKey(0), self._obs_example[None]),
+                      episodes)
 
     def _evaluate_compiled(self, params, episodes: int, seed: int) -> np.ndarray:
         import jax
