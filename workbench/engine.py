@@ -409,6 +409,7 @@ class _Attempt:
             lr.setup.remote(config, loss_fn, feed, self.board)
             for lr, feed in zip(self.learners, feeds, strict=True)
         ], timeout=600)
+        log.info("learners set up after %.1f s", time.monotonic() - started)
         ray.get([lr.warm_up.remote() for lr in self.learners], timeout=600)
         log.info("learners set up and compiled after %.1f s", time.monotonic() - started)
         return setups[0]
