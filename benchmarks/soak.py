@@ -127,22 +127,23 @@ def _cycles(cluster: wb.LocalCluster, cycles: int, one_cycle: Callable[[], dict]
             process_slack: int, settle_s: float) -> dict:
     before = snapshot(cluster)
     per_cycle = []
+    times = []
     for index in range(cycles):
         started = time.monotonic()
         extra = one_cycle()
         seconds = time.monotonic() - started
+        times.append(seconds)
         now = counts(cluster)
-        per_cycle.append({"s": round(seconds, 2), **extra, **now})
+        per_cycle.append({"s": round(seconds, 4), **extra, **now})
         log.info("cycle %d/%d: %.1f s, %s", index + 1, cycles, seconds, now)
     settle_took = _settle(cluster, before, process_slack, settle_s)
     after = snapshot(cluster)
-    times = [c["s"] for c in per_cycle]
     return {
         "before": before,
         "after": after,
         "growth": {k: round(after[k] - before[k], 1) for k in before},
-        "cycle_s_median": round(statistics.median(times), 3),
-        "cycle_s_max": round(max(times), 3),
+        "cycle_s_median": round(statistics.median(times), 4),
+        "cycle_s_max": round(max(times), 4),
         "settle_s": settle_took,
         "per_cycle": per_cycle,
     }
@@ -220,7 +221,9 @@ def soak(cluster: wb.LocalCluster, cycles: int, *, config: TrainConfig | None = 
         "warm_up_s": round(warm_up_s, 1),
         "soak": soaked,
         "peer": peer,
-        "cycle_time_ratio": round(soaked["cycle_s_median"] / peer["cycle_s_median"], 1),
+        # A placement-group cycle can take well under a millisecond: no ratio against zero.
+        "cycle_time_ratio": (round(soaked["cycle_s_median"] / peer["cycle_s_median"], 1)
+                             if peer["cycle_s_median"] > 0 else None),
         "leaks": leaks,
         "ok": not leaks,
         "wall_s": round(time.monotonic() - started, 1),
