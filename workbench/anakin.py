@@ -108,9 +108,10 @@ def make_rollout(env, network, rollout_length: int) -> Callable:
     return rollout
 
 
-def make_greedy_evaluation(env, network, episodes: int) -> Callable:
-    """``evaluate(params, key) -> returns[episodes]``: one episode on each of ``episodes``
-    fresh copies of the JAX env ``env`` with the greedy policy, in one compiled program.
+def make_greedy_evaluation(env, network) -> Callable:
+    """``evaluate(params, key, episodes) -> returns[episodes]``: one episode on each of
+    ``episodes`` fresh copies of the JAX env ``env`` with the greedy policy, as one program
+    (jit it with ``static_argnames="episodes"``).
 
     Runs ``env.max_episode_steps`` steps, by which every episode has ended; an episode's
     return stops counting on the step it ended. A greedy evaluation stepped from Python
@@ -125,7 +126,7 @@ def make_greedy_evaluation(env, network, episodes: int) -> Callable:
     act = greedy_step(network)
     step_all = jax.vmap(env.step)
 
-    def evaluate(params, key):
+    def evaluate(params, key, episodes: int):
         reset_key, step_key = jax.random.split(key)
         state, obs = jax.vmap(env.reset)(jax.random.split(reset_key, episodes))
 

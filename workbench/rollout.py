@@ -107,6 +107,7 @@ class RolloutWorker:
         import jax.numpy as jnp
 
         from workbench.algos.ppo import ActorCritic, greedy_step, policy_step
+        from workbench.envs import jax_env_ids, make_jax
 
         self.env_id = env_id
         self.env = make_vector_env(env_id, num_envs, seed)
@@ -124,7 +125,15 @@ class RolloutWorker:
 
         self._act = jax.jit(act_packed)
         self._greedy = jax.jit(greedy_step(self.network))
-        self._compiled_evaluations: dict[int, object] = {}
+        self._greedy_episodes = None
+        if env_id in jax_env_ids():
+            from workbench.anakin import make_greedy_evaluation
+
+            # A JAX env's evaluation is one compiled program, not a Python loop of steps.
+            self._greedy_episodes = jax.jit(
+                make_greedy_evaluation(make_jax(env_id), self.network),
+                static_argnames="episodes",
+            )
         self._value = jax.jit(lambda p, o: self.network.apply(p, o)[1])
         self._key = jax.random.PRNGKey(seed)
         self._obs, _ = self.env.reset(seed=seed)
@@ -199,10 +208,11 @@ class RolloutWorker:
 
     def evaluate(self, params, episodes: int = 20, seed: int = 10_000) -> list[float]:
         """Returns of ``episodes`` episodes with the greedy policy, on fresh envs."""
-        from workbench.envs import jax_env_ids
+        if self._greedy_episodes is not None:
+            import jax
 
-        if self.env_id in jax_env_ids():
-            totals = self._evaluate_compiled(params, episodes, seed)
+            key = jax.random.PRNGKey(seed)
+            totals = np.asarray(self._greedy_episodes(params, key, episodes=episodes), float)
         else:
             totals = self._evaluate_stepped(params, episodes, seed)
         # Rare, and the first one compiles the greedy policy: a good moment to give back.
@@ -216,19 +226,6 @@ class RolloutWorker:
 
         self.evaluate(self.network.init(jax.random.PRNGKey(0), self._obs_example[None]),
                       episodes)
-
-    def _evaluate_compiled(self, params, episodes: int, seed: int) -> np.ndarray:
-        import jax
-
-        from workbench.anakin import make_greedy_evaluation
-        from workbench.envs import make_jax
-
-        if episodes not in self._compiled_evaluations:
-            self._compiled_evaluations[episodes] = jax.jit(make_greedy_evaluation(
-                make_jax(self.env_id), self.network, episodes
-            ))
-        evaluate = self._compiled_evaluations[episodes]
-        return np.asarray(evaluate(params, jax.random.PRNGKey(seed)), dtype=np.float64)
 
     def _evaluate_stepped(self, params, episodes: int, seed: int) -> np.ndarray:
         env = make_vector_env(self.env_id, episodes, seed)
