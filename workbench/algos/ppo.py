@@ -265,7 +265,7 @@ def make_update(
         # NOTE: ``stop`` (this chip's wish to end the run) rides along with the update's
         # own collectives, so agreeing on it costs no extra round trip: it comes back as
         # ``metrics["stop"]``, above zero when any chip asked.
-        stop = jnp.zeros((), jnp.float32) if stop is None else jnp.reshape(stop, ()) * 1.0
+        stop = jnp.asarray(0 if stop is None else stop, jnp.float32).reshape(())
         if not gather:
             return learn(state, trajectory, key, stop)
         # NOTE: the first of the update's two collectives: every chip gets every chip's
