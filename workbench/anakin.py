@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from workbench.algos.ppo import LossFn, PPOConfig, Trajectory, ppo_loss
+from workbench.compile_cache import load_or_compile
 from workbench.learner import AXIS, MeshLearner, UpdateResult, to_numpy
 
 
@@ -219,9 +220,9 @@ class AnakinLearner(MeshLearner):
         """Compile the step ahead of the first update; returns the seconds it took."""
         started = time.perf_counter()
         if self._compiled is None:
-            self._compiled = self._step.lower(
+            self._compiled = load_or_compile(self._step.lower(
                 self.state, self.carry, self._update_key(), self._stop_flag(False)
-            ).compile()
+            ))
         return time.perf_counter() - started
 
     def step(self, stop: bool = False) -> UpdateResult:

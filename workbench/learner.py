@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from workbench.algos.ppo import LossFn, PPOConfig, Trajectory, ppo_loss
+from workbench.compile_cache import load_or_compile
 from workbench.rollout import RolloutBatch
 
 AXIS = "chips"
@@ -33,13 +34,13 @@ def configure_jax_platform(platform: str) -> None:
     """
     import jax
 
+    from workbench.compile_cache import cache_root
+
     jax.config.update("jax_platforms", platform)
     # Every learner compiles the same update; a persistent cache lets later runs (and
-    # restarted learners) skip the compile.
-    cache = os.environ.get(
-        "WORKBENCH_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "workbench-jax")
-    )
-    jax.config.update("jax_compilation_cache_dir", cache)
+    # restarted learners) skip the compile. Process 0 uses JAX's; the other ranks of a
+    # slice also keep theirs through workbench.compile_cache.
+    jax.config.update("jax_compilation_cache_dir", cache_root())
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     if platform == "cpu":
         jax.config.update("jax_num_cpu_devices", 1)
@@ -127,10 +128,13 @@ class MeshLearner:
             self.network, optimizer, config, loss_fn, axis_name=AXIS, gather_batch=gather_batch
         )
         make_state = jax.jit(
-            lambda: init_state(self.network, optimizer, obs_example, self.seed),
+            lambda seed: init_state(self.network, optimizer, obs_example, seed),
             out_shardings=self._replicated,
         )
-        self.state = make_state()
+        # Initialising an orthogonal network compiles for seconds: cached like the update,
+        # and the seed is an argument so that every seed shares one program.
+        seed = self._replicate(np.asarray(self.seed, np.int32))
+        self.state = load_or_compile(make_state.lower(seed))(seed)
 
         def chip_update(state, trajectory, key, stop):
             if not gather_batch:
@@ -230,6 +234,7 @@ class Learner(MeshLearner):
             ),
             donate_argnums=(0,),
         )
+        self._compiled = None
 
     def update(self, batches: Sequence[RolloutBatch], stop: bool = False) -> UpdateResult:
         """Apply one update with this chip's rollouts; all chips must call it together."""
@@ -253,9 +258,10 @@ class Learner(MeshLearner):
                 self._per_chip, trajectory.last_value
             ),
         )
-        self.state, metrics, any_stop = self._update(
-            self.state, global_trajectory, self._update_key(), self._stop_flag(stop)
-        )
+        args = (self.state, global_trajectory, self._update_key(), self._stop_flag(stop))
+        if self._compiled is None:
+            self._compiled = load_or_compile(self._update.lower(*args))
+        self.state, metrics, any_stop = self._compiled(*args)
         self._updates += 1
         metrics = {k: float(v) for k, v in to_numpy(metrics).items()}
         return UpdateResult(metrics, bool(to_numpy(any_stop)), time.perf_counter() - started)

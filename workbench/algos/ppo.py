@@ -207,7 +207,10 @@ def make_optimizer(config: PPOConfig, num_updates: int) -> optax.GradientTransfo
 
 
 def init_state(
-    network: nn.Module, optimizer: optax.GradientTransformation, obs_example: np.ndarray, seed: int
+    network: nn.Module,
+    optimizer: optax.GradientTransformation,
+    obs_example: np.ndarray,
+    seed: int | jax.Array,
 ) -> LearnerState:
     params = network.init(jax.random.PRNGKey(seed), jnp.asarray(obs_example[None]))
     return LearnerState(params, optimizer.init(params), jnp.zeros((), jnp.int32))

@@ -1,0 +1,101 @@
+"""Each process of a jax.distributed group keeps its own compiled programs between runs.
+
+The group here is two real processes joined by ``jax.distributed`` with gloo collectives,
+as the learners of a simulated slice are, started twice on one cache directory.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from workbench.compile_cache import program_key
+from workbench.ports import free_port
+
+
+def _group_step(rank: int, port: int, directory: str) -> None:
+    """One process of the group: a program with a cross-process sum and a donated
+    argument, built through the cache; prints what it computed."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from workbench.compile_cache import load_or_compile
+    from workbench.learner import configure_jax_platform
+
+    configure_jax_platform("cpu")
+    jax.config.update("jax_compilation_cache_dir", str(Path(directory) / "jax"))
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=rank,
+                               coordinator_bind_address=f"127.0.0.1:{port}")
+    mesh = Mesh(np.array(jax.devices()), ("chips",))
+
+    def body(state, x):
+        for _ in range(8):
+            x = jax.numpy.tanh(x @ x.T) + state
+        return state + jax.lax.psum(x.sum(), "chips"), x
+
+    step = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P("chips")),
+                                 out_specs=(P(), P("chips"))), donate_argnums=(0,))
+    state = jax.make_array_from_process_local_data(NamedSharding(mesh, P()),
+                                                   np.float32(0.5))
+    x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("chips")),
+                                               np.full((16, 16), rank + 1.0, np.float32))
+    compiled = load_or_compile(step.lower(state, x), str(Path(directory) / "programs"))
+    for _ in range(3):
+        state, x = compiled(state, x)
+    print(json.dumps({"rank": rank, "state": float(np.asarray(state.addressable_data(0)))}))
+
+
+def _run_group(directory: Path) -> list[float]:
+    port = free_port("127.0.0.1")
+    processes = [
+        subprocess.Popen([sys.executable, __file__, str(rank), str(port), str(directory)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in range(2)
+    ]
+    states = []
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err[-3000:]
+        states.append(json.loads(out.strip().splitlines()[-1])["state"])
+    return states
+
+
+def test_the_other_ranks_load_what_they_compiled_in_an_earlier_run(tmp_path):
+    first = _run_group(tmp_path)
+    saved = sorted((tmp_path / "programs").iterdir())
+    # Rank 0 is left to JAX's own persistent cache, which only process 0 writes.
+    assert [p.name.split("-")[0:3] for p in saved] == [["p1", "of", "2"]]
+    written = saved[0].stat().st_mtime_ns
+
+    second = _run_group(tmp_path)
+    assert saved[0].stat().st_mtime_ns == written, "rank 1 compiled again instead of loading"
+    assert second == first and first[0] == first[1]
+
+
+def test_a_damaged_program_file_is_compiled_again(tmp_path):
+    first = _run_group(tmp_path)
+    (saved,) = (tmp_path / "programs").iterdir()
+    saved.write_bytes(b"not a program")
+    assert _run_group(tmp_path) == first
+    assert saved.stat().st_size > 1000, "the damaged file was not replaced"
+
+
+def test_the_key_tells_programs_ranks_and_runtimes_apart():
+    key = program_key("module @jit_step {}", 1, 4, "jax 0.10.2|cpu")
+    assert key.startswith("p1-of-4-") and key.endswith(".bin")
+    assert key == program_key("module @jit_step {}", 1, 4, "jax 0.10.2|cpu")
+    others = {
+        program_key("module @jit_step { }", 1, 4, "jax 0.10.2|cpu"),
+        program_key("module @jit_step {}", 2, 4, "jax 0.10.2|cpu"),
+        program_key("module @jit_step {}", 1, 8, "jax 0.10.2|cpu"),
+        program_key("module @jit_step {}", 1, 4, "jax 0.10.3|cpu"),
+    }
+    assert key not in others and len(others) == 4
+
+
+if __name__ == "__main__":
+    _group_step(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
