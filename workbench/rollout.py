@@ -224,8 +224,10 @@ class RolloutWorker:
         that the first one of a training loop does not compile beside the learners."""
         import jax
 
-        self.evaluate(self.network.init(jax.random.PRNGKey(0), self._obs_example[None]),
-                      episodes)
+        # Zeros of the parameters' shapes compile the same program; initialising the
+        # network for real would compile each of its initialisers on its own, for seconds.
+        shapes = jax.eval_shape(self.network.init, jax.random.PRNGKey(0), self._obs_example[None])
+        self.evaluate(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes), episodes)
 
     def _evaluate_stepped(self, params, episodes: int, seed: int) -> np.ndarray:
         env = make_vector_env(self.env_id, episodes, seed)
