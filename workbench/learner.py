@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from workbench.algos.ppo import LossFn, PPOConfig, Trajectory, ppo_loss
-from workbench.compile_cache import load_or_compile
+from workbench.compile_cache import cache_root, load_or_compile
 from workbench.rollout import RolloutBatch
 
 AXIS = "chips"
@@ -33,8 +33,6 @@ def configure_jax_platform(platform: str) -> None:
     "chip") and gloo collectives; on a TPU host the platform is ``tpu``.
     """
     import jax
-
-    from workbench.compile_cache import cache_root
 
     jax.config.update("jax_platforms", platform)
     # Every learner compiles the same update; a persistent cache lets later runs (and
