@@ -54,22 +54,24 @@ KINDS = ("anakin", "single", "actors", "rllib")
 
 def single_worker(seed: int, total_env_steps: int) -> Record:
     """The Anakin learner in this one process, no Ray: one CPU device holds every env."""
-    from workbench.learner import configure_jax_platform
+    from workbench.learn.platform import configure_jax_platform
 
     configure_jax_platform("cpu")
-    from workbench.anakin import AnakinLearner
-    from workbench.engine import TrainConfig
-    from workbench.envs import make_jax
-    from workbench.metrics import MetricsLog, UpdateRecord
-    from workbench.rollout import RolloutWorker
+    from workbench.learn.anakin import AnakinLearner
+    from workbench.learn.evaluation import GreedyEvaluator
+    from workbench.train import TrainConfig
+    from workbench.train.metrics import MetricsLog, UpdateRecord
+    from workbench.train.plan import plan_run
 
     imports_s = process_age_s()
+    # The same global batch as the slice's 4 chips x 16 envs, on one device.
     config = TrainConfig(env=JAX_CARTPOLE, mode="anakin", total_env_steps=total_env_steps,
-                         seed=seed)
-    num_updates = config.num_updates(SIMULATED_CHIPS)
+                         seed=seed, envs_per_chip=TrainConfig().envs_per_chip * SIMULATED_CHIPS)
+    plan = plan_run(config)
+    num_updates = config.num_updates(1)
     started = time.monotonic()
-    learner = AnakinLearner(make_jax(JAX_CARTPOLE), config.envs_per_chip * SIMULATED_CHIPS,
-                            config.rollout_length, config.ppo, num_updates, seed)
+    setup = plan.learner_setup(1, "gradients")
+    learner = AnakinLearner(setup)
     compile_s = learner.compile()
     cold_start_s = time.monotonic() - started
     log = MetricsLog(1, TARGET_RETURN)
@@ -83,8 +85,8 @@ def single_worker(seed: int, total_env_steps: int) -> Record:
         if log.train_target is not None:
             break
     loop_s = time.time() - loop_start
-    evaluator = RolloutWorker(JAX_CARTPOLE, 1, 1, seed + 999_983, config.ppo.hidden_sizes)
-    final = evaluator.evaluate(learner.params_numpy(), config.eval_episodes)
+    evaluator = GreedyEvaluator(JAX_CARTPOLE, setup.agent, seed, plan.jax_env.make)
+    final = evaluator.evaluate(learner.policy_numpy(), config.eval_episodes)
     target = log.train_target
     return {
         "side": "single",

@@ -41,21 +41,23 @@ MIB = 1024**2
 PEER_SOURCE = """
 import numpy as np
 
-from workbench.engine import TrainConfig
-from workbench.learner import Learner
-from workbench.rollout import RolloutWorker, env_spaces
+from workbench.learn.actors_mode import BatchLearner, LocalSource
+from workbench.learn.evaluation import GreedyEvaluator
+from workbench.learn.rollout import RolloutWorker
+from workbench.train import TrainConfig
+from workbench.train.plan import plan_run
 
 # The quickstart's run on a 2x2 slice: 4 chips' worth of environments, same budget.
-config = TrainConfig(env="CartPole-v1", total_env_steps=total_env_steps, seed=seed)
-num_envs = chips * config.envs_per_chip
-updates = config.num_updates(chips)
-obs_example, num_actions = env_spaces(config.env)
-worker = RolloutWorker(config.env, num_envs, config.rollout_length, seed,
-                       config.ppo.hidden_sizes)
-learner = Learner(obs_example, num_actions, config.ppo, updates, seed)
-for update in range(updates):
-    learner.update([worker.sample(learner.params_numpy(), update)])
-final_return = float(np.mean(worker.evaluate(learner.params_numpy(), config.eval_episodes)))
+config = TrainConfig(env="CartPole-v1", total_env_steps=total_env_steps, seed=seed,
+                     envs_per_chip=chips * TrainConfig().envs_per_chip)
+setup = plan_run(config).learner_setup(1, "gradients")
+worker = RolloutWorker(config.env, config.envs_per_chip, config.rollout_length, setup.agent,
+                       seed)
+learner = BatchLearner(setup, LocalSource([worker]))
+for update in range(config.num_updates(1)):
+    learner.step()
+evaluator = GreedyEvaluator(config.env, setup.agent, seed)
+final_return = float(np.mean(evaluator.evaluate(learner.policy_numpy(), config.eval_episodes)))
 print("final greedy return", final_return)
 """
 
@@ -108,7 +110,6 @@ def measure(notebook: Path, output: Path, parameters: dict, interval_s: float) -
     for key, value in parameters.items():
         command += ["-p", key, str(value)]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     started = time.monotonic()
     with open(output.with_suffix(".log"), "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -14,8 +14,8 @@ import pytest
 from conftest import live_actors
 
 import workbench as wb
-from workbench.checkpoint import CheckpointError, require_checkpoint
-from workbench.engine import TrainConfig, train
+from workbench.train import TrainConfig, train
+from workbench.train.checkpoint import CheckpointError, require_checkpoint
 
 WORKBENCH = str(Path(sys.executable).with_name("workbench"))
 V6E_TOPOLOGIES = "Valid v6e topologies: 1x1, 2x2, 2x4"
@@ -279,33 +279,57 @@ def test_resuming_from_what_is_not_a_checkpoint_says_which_case(tmp_path):
 
 CLI_CASES = [
     (["train", "--total-env-steps", "0"],
-     "argument --total-env-steps: must be a positive whole number, got '0'"),
+     "total_env_steps (--total-env-steps) must be a positive whole number, got 0."),
     (["train", "--total-env-steps", "-5"],
-     "argument --total-env-steps: must be a positive whole number, got '-5'"),
+     "total_env_steps (--total-env-steps) must be a positive whole number, got -5."),
     (["train", "--total-env-steps", "1.5"],
-     "argument --total-env-steps: must be a positive whole number, got '1.5'"),
+     "argument --total-env-steps: must be a whole number, got '1.5'"),
     (["train", "--total-env-steps", "lots"],
-     "argument --total-env-steps: must be a positive whole number, got 'lots'"),
-    (["train", "--envs-per-chip", "0"], "argument --envs-per-chip: must be a positive whole"),
-    (["train", "--rollout-length", "-1"], "argument --rollout-length: must be a positive whole"),
+     "argument --total-env-steps: must be a whole number, got 'lots'"),
+    (["train", "--envs-per-chip", "0"], "envs_per_chip (--envs-per-chip) must be a positive whole"),
+    (["train", "--rollout-length", "-1"], "rollout_length (--rollout-length) must be a positive"),
     (["train", "--checkpoint-every", "-1"],
-     "argument --checkpoint-every: must be a whole number >= 0, got '-1'"),
-    (["train", "--seed", "-1"], "argument --seed: must be a whole number >= 0, got '-1'"),
+     "checkpoint_every (--checkpoint-every) must be a whole number >= 0, got -1."),
+    (["train", "--seed", "-1"], "seed (--seed) must be a whole number >= 0, got -1."),
+    (["train", "--seed", "99999999999"], "seed (--seed) must be at most 2147483647"),
     (["train", "--reserve-timeout", "-1"],
      "argument --reserve-timeout: must be a positive number of seconds, got '-1'"),
     (["train", "--reserve-timeout", "nan"],
      "argument --reserve-timeout: must be a positive number of seconds, got 'nan'"),
     (["train", "--sync", "fast"],
      "argument --sync: invalid choice: 'fast' (choose from 'auto', 'gradients', 'batch')"),
+    (["train", "--mode", "sebulba"], "argument --mode: invalid choice: 'sebulba'"),
     (["train", "--generation", "v9"], "Unknown TPU generation 'v9'. Valid generations: v4"),
     (["train", "--topology", "2x2; rm -rf /"], "'2x2; rm -rf /' is not of the form AxB"),
     (["train", "--topology", "__import__('os')"], "\"__import__('os')\" is not of the form"),
     (["train", "--generation", "v4", "--topology", "2x2"], "v4 slices have 3D topologies"),
-    (["train", "--algo", "sac"], "Unknown algorithm 'sac'; available: ppo."),
-    (["train", "--resume"], "--resume needs --checkpoint-dir"),
+    (["train", "--algo", "sac"], "Unknown algorithm 'sac'; available: ppo"),
+    (["train", "--learning-rate", "-1"], "learning_rate must be a finite number > 0, got -1.0."),
+    (["train", "--learning-rate", "fast"],
+     "argument --learning-rate: must be a number, got 'fast'"),
+    (["train", "--gamma", "1.5"], "gamma must be a number from 0 to 1, got 1.5."),
+    (["train", "--hidden-sizes", "64,x"],
+     "argument --hidden-sizes: must be comma-separated whole numbers such as 64,64"),
+    (["train", "--num-minibatches", "5000"],
+     "num_minibatches=5000 does not fit a batch of 1024 env steps per chip"),
+    (["train", "--stop-at-target", "--env", "Acrobot-v1", "--target-return", "nan"],
+     "target_return (--target-return) must be a finite number, got nan."),
+    (["train", "--env", "Pendulum-v1"],
+     "Pendulum-v1 has continuous actions, and ppo handles discrete actions only"),
+    (["train", "--env", "NoSuchEnv-v0"], "Unknown environment 'NoSuchEnv-v0'"),
+    (["train", "--mode", "anakin"], "Anakin mode steps JAX environments on the chip"),
+    (["train", "--resume"], "resume=True needs checkpoint_dir"),
     (["train", "--resume", "--checkpoint-dir", "{tmp}/none"],
      "Checkpoint directory '{tmp}/none' does not exist."),
     (["train", "--resume", "--checkpoint-dir", "{tmp}"], "'{tmp}' holds no workbench checkpoint"),
+    (["train", "--config", "{tmp}/missing.yaml"], "--config {tmp}/missing.yaml: cannot read it"),
+    (["train", "--config", "{tmp}/typo.yaml"],
+     "total_env_step is not a field of a run file (or ppo's section). Did you mean "
+     "total_env_steps?"),
+    (["train", "--config", "{tmp}/wrong-type.yaml"],
+     "learning_rate (--learning-rate) must be a number, got 'fast'."),
+    (["train", "--json", "{tmp}/no-such-folder/result.json"],
+     "--json {tmp}/no-such-folder/result.json: the folder"),
     (["train", "--address", "head"], "Ray address 'head' is not of the form host:port"),
     (["train", "--address", "head:70000"], "Ray address 'head:70000' is not of the form"),
     (["train", "--address", "127.0.0.1:1"], "Cannot reach a Ray cluster at 127.0.0.1:1"),
@@ -324,6 +348,8 @@ def test_the_cli_refuses_bad_input_in_one_line_without_starting_anything(
 ):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     expected = expected.replace("{tmp}", str(tmp_path))
+    (tmp_path / "typo.yaml").write_text("env: CartPole-v1\ntotal_env_step: 1000\n")
+    (tmp_path / "wrong-type.yaml").write_text("ppo:\n  learning_rate: fast\n")
     # A cluster the command started would live under this TMPDIR.
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["TMPDIR"] = str(tmp_path)
@@ -338,3 +364,51 @@ def test_the_cli_refuses_bad_input_in_one_line_without_starting_anything(
                  if str(tmp_path) in " ".join(p.info["cmdline"] or ())]
     assert leftovers == []
     assert not any(p.name.startswith("wb-") for p in tmp_path.iterdir())
+
+
+def test_a_run_file_and_flags_make_one_config(tmp_path):
+    from workbench import algos, cli
+
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text("env: Acrobot-v1\ntotal_env_steps: 20000\ntopology: 2x4\n"
+                        "ppo:\n  learning_rate: 0.001\n  hidden_sizes: [32, 32]\n")
+    argv = ["train", "--config", str(run_file), "--seed", "3", "--gamma", "0.9",
+            "--no-anneal-lr"]
+    args = cli.build_parser(argv).parse_args(argv)
+    config, shape = cli.train_config_from(args, algos.get("ppo"))
+    assert (config.env, config.total_env_steps, config.seed) == ("Acrobot-v1", 20_000, 3)
+    assert shape.topology == "2x4" and shape.generation.name == "v6e"
+    ppo = config.algo_config
+    assert (ppo.learning_rate, ppo.hidden_sizes, ppo.gamma, ppo.anneal_lr) == \
+        (0.001, (32, 32), 0.9, False)
+    # Flags win over the file.
+    argv = ["train", "--config", str(run_file), "--total-env-steps", "5000"]
+    config, _ = cli.train_config_from(cli.build_parser(argv).parse_args(argv), algos.get("ppo"))
+    assert config.total_env_steps == 5000
+
+
+def test_every_config_field_is_a_flag_with_its_docstring_as_help():
+    from workbench import cli
+    from workbench.algos.ppo import PPOConfig
+    from workbench.train.fields import fields
+
+    done = subprocess.run([WORKBENCH, "train", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    # --algo's help lists the registered names instead of its docstring.
+    for cls, skip in ((TrainConfig, (*cli.NOT_FLAGS, "algo")), (PPOConfig, ())):
+        for info in fields(cls).values():
+            if info.name in skip:
+                continue
+            assert info.flag in text, f"{info.flag} missing from workbench train --help"
+            assert " ".join(info.doc.split()[:4]) in text, f"{info.name}'s help is not its doc"
+    assert "(default: 0.0005)" in text and "(default: 64,64)" in text
+
+
+def test_workbench_version_matches_the_package():
+    import workbench
+
+    done = subprocess.run([WORKBENCH, "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == f"workbench {workbench.__version__}"
+    assert workbench.__version__[0].isdigit()

@@ -110,8 +110,6 @@ def jupyterlab(tmp_path):
         "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
         "JUPYTERLAB_SETTINGS_DIR": str(settings),
         "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
-        # The kernel imports the workbench from this checkout, as an editable install would.
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     env.pop("RAY_ADDRESS", None)
     # The token reaches JupyterLab through its environment, not its command line, where

@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from workbench.compile_cache import program_key
-from workbench.ports import free_port
+from workbench.learn.compile_cache import program_key
+from workbench.tpu.ports import free_port
 
 
 def _group_step(rank: int, port: int, directory: str) -> None:
@@ -23,8 +23,8 @@ def _group_step(rank: int, port: int, directory: str) -> None:
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from workbench.compile_cache import load_or_compile
-    from workbench.learner import configure_jax_platform
+    from workbench.learn.compile_cache import load_or_compile
+    from workbench.learn.platform import configure_jax_platform
 
     configure_jax_platform("cpu")
     jax.config.update("jax_compilation_cache_dir", str(Path(directory) / "jax"))

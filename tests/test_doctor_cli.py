@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from workbench.doctor import check_driver_tpu, check_widgets, run_checks
+from workbench.tpu.doctor import check_driver_tpu, check_widgets, run_checks
 
 
 def test_doctor_reports_versions_and_every_slice(cluster):

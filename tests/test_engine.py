@@ -1,19 +1,23 @@
-"""Training on simulated slices: learners pinned one per chip in one jax.distributed group."""
+"""Training on simulated slices: learners pinned one per chip in one jax.distributed group,
+and algorithms plugged in through the protocol."""
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import live_actors
 
 import workbench as wb
-from workbench import checkpoint
-from workbench.algos.ppo import PPOConfig, ppo_loss
-from workbench.engine import TrainConfig, train
-from workbench.learner import tpu_process_environment
+from workbench.algos import DISCRETE, Agent, Algorithm
+from workbench.algos import ppo as ppo_module
+from workbench.algos.networks import ActorCritic
+from workbench.tpu.placement import tpu_process_environment
+from workbench.train import TrainConfig, checkpoint, train
 
 # 4 chips x 8 envs x 32 steps = 1024 env steps per update: 3 updates.
 SMALL = dict(total_env_steps=3 * 1024, envs_per_chip=8, rollout_length=32, eval_every=1,
@@ -40,9 +44,11 @@ def test_a_run_records_what_users_read(first_run):
     record = result.to_json()
     for key in ("env_steps", "wall_s", "final_return", "env_steps_per_s",
                 "time_to_eval_target_s", "time_to_train_target_s", "startup_s", "generation",
-                "topology", "chips", "hosts", "mode", "algo", "env", "seed"):
+                "topology", "chips", "hosts", "mode", "algo", "env", "sync", "seed",
+                "target_return"):
         assert key in record
     assert (result.chips, result.hosts, result.updates) == (4, 1, 3)
+    assert (result.algo, result.sync, result.target_return) == ("ppo", "batch", 475.0)
     assert result.env_steps == 3 * 1024 and result.env_steps_per_s > 0
     assert [row["update"] for row in result.curve] == [1, 2, 3]
     assert all(len(row["chip_step_s"]) == 4 for row in result.curve)
@@ -50,7 +56,7 @@ def test_a_run_records_what_users_read(first_run):
     assert live_actors() == []
 
 
-def test_every_chip_ends_with_the_same_parameters(first_run):
+def test_every_chip_ends_with_the_same_state(first_run):
     result, _ = first_run
     assert len(result.chip_state_digests) == 4
     assert len(set(result.chip_state_digests)) == 1
@@ -81,17 +87,105 @@ def test_same_seed_same_curve_and_resume_continues_exactly(first_run, cluster, t
 
 def test_a_loss_defined_in_a_notebook_cell_trains_with_per_minibatch_all_reduce(cluster):
     def ppo_with_value_clip(params, apply_fn, batch, config):
-        loss, metrics = ppo_loss(params, apply_fn, batch, config)
+        loss, metrics = ppo_module.ppo_loss(params, apply_fn, batch, config)
         extra = 0.01 * jnp.mean(jnp.square(apply_fn(params, batch.obs)[1]))
         return loss + extra, {**metrics, "value_penalty": extra}
 
+    wb.algos.register(ppo_module.with_loss(ppo_with_value_clip), replace=True)
     small = dict(SMALL, total_env_steps=2 * 1024, eval_every=0)
     with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-        result = train(tpu_slice, TrainConfig(seed=1, ppo=PPOConfig(), sync="gradients",
-                                              **small), loss_fn=ppo_with_value_clip)
-    assert result.algo == "ppo_with_value_clip"
+        result = train(tpu_slice, TrainConfig(seed=1, algo="ppo_with_value_clip",
+                                              sync="gradients", **small))
+    assert (result.algo, result.sync) == ("ppo_with_value_clip", "gradients")
     assert all("value_penalty" in row for row in result.curve)
     # The other way of keeping chips equal: an all-reduce of gradients per minibatch.
+    assert len(set(result.chip_state_digests)) == 1
+
+
+# -- an algorithm of the user's own, defined here as a notebook cell would ----------------
+
+@dataclass(frozen=True)
+class ReinforceConfig:
+    """REINFORCE with a learned baseline."""
+
+    learning_rate: float = 1e-2
+    """Adam step size."""
+    gamma: float = 0.99
+    """Discount factor."""
+    hidden_sizes: tuple[int, ...] = (32,)
+    """MLP widths."""
+
+
+def build_reinforce(config: ReinforceConfig, spaces, num_updates: int) -> Agent:
+    import optax
+
+    network = ActorCritic(spaces.num_actions, config.hidden_sizes)
+    optimizer = optax.adam(config.learning_rate)
+
+    def init(key):
+        params = network.init(key, jnp.zeros((1, *spaces.obs_shape)))
+        return params, optimizer.init(params)
+
+    def act(params, obs, key):
+        logits, _ = network.apply(params, obs)
+        return jax.random.categorical(key, logits), {}
+
+    def greedy(params, obs):
+        return jnp.argmax(network.apply(params, obs)[0], axis=-1)
+
+    def update(state, trajectory, key, chips):
+        params, opt_state = state
+        _, last_value = network.apply(params, trajectory.last_obs)
+
+        def discounted(carry, step):
+            reward, terminated, truncated, value = step
+            carry = jnp.where(truncated, value, jnp.where(terminated, 0.0, carry))
+            carry = reward + config.gamma * carry
+            return carry, carry
+
+        def loss(params):
+            flat = trajectory.obs.reshape((-1, *spaces.obs_shape))
+            logits, values = network.apply(params, flat)
+            values = values.reshape(trajectory.rewards.shape)
+            _, returns = jax.lax.scan(
+                discounted, last_value,
+                (trajectory.rewards, trajectory.terminated, trajectory.truncated,
+                 jnp.concatenate([values[1:], last_value[None]])), reverse=True)
+            returns = jax.lax.stop_gradient(returns)
+            log_probs = jax.nn.log_softmax(logits).reshape((*trajectory.rewards.shape, -1))
+            taken = jnp.take_along_axis(log_probs, trajectory.actions[..., None], -1)[..., 0]
+            advantage = jax.lax.stop_gradient(returns - values)
+            mask = trajectory.valid.astype(jnp.float32)
+            policy = -jnp.sum(taken * advantage * mask) / jnp.sum(mask)
+            baseline = jnp.sum((returns - values) ** 2 * mask) / jnp.sum(mask)
+            return policy + 0.5 * baseline, {"baseline_loss": baseline}
+
+        (_, metrics), grads = chips.value_and_grad(loss, has_aux=True)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), metrics
+
+    return Agent(init=init, policy=lambda state: state[0], act=act, greedy=greedy,
+                 update=update)
+
+
+REINFORCE = Algorithm("reinforce", ReinforceConfig, build_reinforce, (DISCRETE,),
+                      "REINFORCE with a baseline (defined in a test)")
+
+
+@pytest.mark.parametrize(("mode", "env"), [("actors", "CartPole-v1"),
+                                           ("anakin", "workbench/CartPole-v1")])
+def test_an_algorithm_registered_in_a_cell_trains_cartpole_in_both_modes(cluster, mode, env):
+    wb.algos.register(REINFORCE, replace=True)
+    config = TrainConfig(env=env, mode=mode, algo="reinforce", total_env_steps=250_000,
+                         seed=0, eval_every=0, sync="gradients")
+    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
+        result = train(tpu_slice, config)
+    assert result.algo == "reinforce" and result.mode == mode
+    assert all("baseline_loss" in row for row in result.curve)
+    first = next(r["mean_return_this_update"] for r in result.curve
+                 if r["mean_return_this_update"] is not None)
+    # A random CartPole policy lasts about 22 steps; this one must have learned.
+    assert result.curve[-1]["mean_return_100"] > max(100.0, 3 * first), (first, result.curve[-1])
     assert len(set(result.chip_state_digests)) == 1
 
 
@@ -102,6 +196,9 @@ def test_a_loss_defined_in_a_notebook_cell_trains_with_per_minibatch_all_reduce(
      (TrainConfig(envs_per_chip=2.5), "envs_per_chip"),
      (TrainConfig(env="NoSuchEnv-v0"), "Unknown environment"),
      (TrainConfig(resume=True), "checkpoint_dir"),
+     (TrainConfig(algo="nope"), "Unknown algorithm 'nope'"),
+     (TrainConfig(env="workbench/Catch-v0", target_return=float("nan")), "target_return"),
+     (TrainConfig(env="Pendulum-v1"), "continuous actions, and ppo handles discrete"),
      (TrainConfig(rollout_actors_per_host=3), "does not divide")],
 )
 def test_bad_training_configs_are_refused_before_anything_starts(cluster, config, match):
@@ -123,7 +220,8 @@ def test_resuming_from_a_path_that_is_not_a_checkpoint_says_so(tmp_path):
 
 def test_tpu_process_environment_for_one_process_per_chip():
     addresses = [f"10.0.0.{i // 4}:{8476 + i % 4}" for i in range(16)]
-    env = tpu_process_environment("4x4", rank=5, process_addresses=addresses, port=8477)
+    env = tpu_process_environment(wb.parse_shape("v6e", "4x4"), rank=5,
+                                  process_addresses=addresses, port=8477)
     assert env == {
         "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
         "TPU_PROCESS_BOUNDS": "4,4,1",
@@ -131,7 +229,8 @@ def test_tpu_process_environment_for_one_process_per_chip():
         "TPU_PROCESS_PORT": "8477",
         "CLOUD_TPU_TASK_ID": "5",
     }
-    assert tpu_process_environment("2x2x2", 0, addresses[:8], 8476)["TPU_PROCESS_BOUNDS"] == \
+    v5p = wb.parse_shape("v5p", "2x2x2")
+    assert tpu_process_environment(v5p, 0, addresses[:8], 8476)["TPU_PROCESS_BOUNDS"] == \
         "2,2,2"
     with pytest.raises(ValueError, match="16 chips"):
-        tpu_process_environment("4x4", 0, addresses[:4], 8476)
+        tpu_process_environment(wb.parse_shape("v6e", "4x4"), 0, addresses[:4], 8476)

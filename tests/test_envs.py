@@ -283,7 +283,7 @@ def test_the_batched_view_replays_a_loop_over_single_views():
 
 
 def test_rollout_vector_envs_use_the_batched_view_with_next_step_autoreset():
-    from workbench.rollout import make_vector_env
+    from workbench.learn.rollout import make_vector_env
 
     envs = make_vector_env("workbench/CartPole-v1", 4, seed=0)
     assert isinstance(envs, JaxVectorEnv)

@@ -12,9 +12,10 @@ import jsonschema
 import pytest
 import yaml
 
-from workbench import cli, gke
-from workbench.cluster import _split_address
-from workbench.tpu import CatalogError, all_shapes
+from workbench import cli
+from workbench.tpu import gke
+from workbench.tpu.catalog import CatalogError, all_shapes
+from workbench.tpu.cluster import _split_address
 
 REPO = Path(__file__).resolve().parent.parent
 CRD = Path(__file__).resolve().parent / "data" / "kuberay" / "ray.io_rayclusters.yaml"

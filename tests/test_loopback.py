@@ -105,12 +105,12 @@ def test_cluster_driver_and_its_workers_listen_on_loopback_only(cluster):
 def test_a_learner_group_listens_on_loopback_only(cluster):
     # jax.distributed's coordinator service runs in the rank-0 learner: it is the one
     # server of a training run that is not Ray's.
-    from workbench.learner import join_distributed
+    from workbench.learn.platform import join_distributed
 
     @ray.remote(num_cpus=1, resources={"TPU": 1})
     class Member:
         def address(self) -> str:
-            from workbench.ports import free_port
+            from workbench.tpu.ports import free_port
 
             host = ray.util.get_node_ip_address()
             return f"{host}:{free_port(host)}"

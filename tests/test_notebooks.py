@@ -16,9 +16,9 @@ import pytest
 from conftest import live_actors, live_placement_groups
 
 import workbench as wb
-from workbench import checkpoint, ui
-from workbench.engine import TrainConfig
-from workbench.tpu import CatalogError
+from workbench import ui
+from workbench.tpu.catalog import CatalogError
+from workbench.train import TrainConfig, checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -121,7 +121,7 @@ def _expected_message(**bad) -> tuple[str, str]:
     if "total_env_steps" in bad:
         with pytest.raises(ValueError) as error:
             TrainConfig(total_env_steps=bad["total_env_steps"]).validate()
-        return "ValueError", str(error.value)
+        return type(error.value).__name__, str(error.value)
     with pytest.raises(CatalogError) as error:
         wb.parse_shape(generation, topology)
     return "CatalogError", str(error.value)
@@ -148,7 +148,7 @@ def test_stop_button_and_interrupt_end_training_cleanly(cluster, tmp_path, pytho
                          eval_every=0, eval_episodes=4, seed=3, checkpoint_dir=str(tmp_path))
     seen: dict = {}
 
-    def click_then_interrupt(run: ui.TrainingRun) -> None:
+    def click_then_interrupt(run: ui.DashboardRun) -> None:
         while not run.rows and not run.done:
             time.sleep(0.05)
         run.dashboard.stop_button.click()  # what a click in the browser does
@@ -209,7 +209,7 @@ def test_picker_reserves_shows_contention_and_releases(cluster):
 KERNEL_TRAINS = """
 import workbench as wb
 from workbench import ui
-from workbench.engine import TrainConfig
+from workbench.train import TrainConfig
 
 wb.connect({address!r}, node_ip={node_ip!r})
 tpu_slice = wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2)

@@ -84,36 +84,54 @@ def test_clipping_stops_the_policy_gradient_beyond_the_trust_region():
 
 
 def test_in_process_learner_steps_and_keeps_shapes():
-    from workbench.learner import Learner
-    from workbench.rollout import RolloutWorker, env_spaces
+    from workbench.learn.actors_mode import BatchLearner, LocalSource
+    from workbench.learn.rollout import RolloutWorker
+    from workbench.train import TrainConfig
+    from workbench.train.plan import plan_run
 
-    obs, actions = env_spaces("CartPole-v1")
-    learner = Learner(obs, actions, PPOConfig(), num_updates=10, seed=0)
-    worker = RolloutWorker("CartPole-v1", num_envs=4, rollout_length=32, seed=0)
-    before = learner.state_leaves()
-    batch = worker.sample(learner.params_numpy(), policy_version=0)
-    assert batch.obs.shape == (32, 4, 4) and batch.policy_version == 0
+    setup = plan_run(TrainConfig(env="CartPole-v1", envs_per_chip=4, rollout_length=32,
+                                 total_env_steps=10 * 128)).learner_setup(1, "gradients")
+    worker = RolloutWorker("CartPole-v1", num_envs=4, rollout_length=32, agent=setup.agent,
+                           seed=0)
+    batch = worker.sample(jax.tree.map(np.asarray, setup.agent.build().init(
+        jax.random.PRNGKey(0)).params), policy_version=0)
+    trajectory = batch.trajectory
+    assert trajectory.obs.shape == (32, 4, 4) and batch.policy_version == 0
+    assert trajectory.last_obs.shape == (4, 4)
+    assert set(trajectory.extras) == {"log_prob", "value"}
     # Every step after an episode end is the env's reset step and is masked out.
-    ended = batch.terminated | batch.truncated
-    assert not batch.valid[1:][ended[:-1]].any()
-    result = learner.update([batch])
+    ended = trajectory.terminated | trajectory.truncated
+    assert not trajectory.valid[1:][ended[:-1]].any()
+
+    learner = BatchLearner(setup, LocalSource([worker]))
+    before = learner.state_leaves()
+    result = learner.step()
     assert learner.update_count == 1 and np.isfinite(result.metrics["loss"])
+    assert result.env_steps == 128 and result.policy_versions == (0,)
     after = learner.state_leaves()
     assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
     learner.load_state_leaves(before, update=0)
     assert all(np.array_equal(a, b) for a, b in zip(before, learner.state_leaves(), strict=True))
+    learner.finish()
 
 
 def test_a_shared_rollout_splits_columns_and_episodes_between_learners():
-    from workbench.rollout import RolloutWorker
+    from workbench.learn.rollout import RolloutWorker
+    from workbench.train import TrainConfig
+    from workbench.train.plan import plan_run
 
-    worker = RolloutWorker("CartPole-v1", num_envs=6, rollout_length=40, seed=3)
-    params = worker.network.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))
-    whole = worker.sample(jax.tree.map(np.asarray, params), policy_version=4)
+    agent = plan_run(TrainConfig(env="CartPole-v1")).agent(1)
+    worker = RolloutWorker("CartPole-v1", num_envs=6, rollout_length=40, agent=agent, seed=3)
+    params = jax.tree.map(np.asarray, agent.build().init(jax.random.PRNGKey(0)).params)
+    whole = worker.sample(params, policy_version=4)
     parts = whole.split(3)
-    assert [p.obs.shape for p in parts] == [(40, 2, 4)] * 3
-    np.testing.assert_array_equal(np.concatenate([p.rewards for p in parts], axis=1),
-                                  whole.rewards)
+    assert [p.trajectory.obs.shape for p in parts] == [(40, 2, 4)] * 3
+    assert [p.trajectory.last_obs.shape for p in parts] == [(2, 4)] * 3
+    np.testing.assert_array_equal(
+        np.concatenate([p.trajectory.rewards for p in parts], axis=1), whole.trajectory.rewards)
+    np.testing.assert_array_equal(
+        np.concatenate([p.trajectory.extras["value"] for p in parts], axis=1),
+        whole.trajectory.extras["value"])
     assert sorted(r for p in parts for r in p.episode_returns) == sorted(whole.episode_returns)
     for p in parts:
         assert p.policy_version == 4 and all(0 <= e < 2 for e in p.episode_envs)

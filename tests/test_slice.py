@@ -10,7 +10,7 @@ import ray
 from conftest import live_actors, live_placement_groups
 
 import workbench as wb
-from workbench.placement import probe_chips
+from workbench.tpu.placement import probe_chips
 
 
 def test_cluster_nodes_look_like_gke_tpu_hosts(cluster):

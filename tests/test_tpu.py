@@ -9,7 +9,13 @@ from ray._private.accelerators.tpu import (
     infer_tpu_pod_type_from_topology,
 )
 
-from workbench.tpu import GENERATIONS, CatalogError, parse_generation, parse_shape, topologies
+from workbench.tpu.catalog import (
+    GENERATIONS,
+    CatalogError,
+    parse_generation,
+    parse_shape,
+    topologies,
+)
 
 
 @pytest.mark.parametrize("generation", list(GENERATIONS))

@@ -1,9 +1,60 @@
-"""A Jupyter-first reinforcement-learning workbench for Cloud TPU slices on Ray and JAX."""
+"""A Jupyter-first reinforcement-learning workbench for Cloud TPU slices on Ray and JAX.
 
+The few names a notebook needs::
+
+    import workbench as wb
+    cluster = wb.local_cluster([("v6e", "2x2")])      # or wb.connect("ray://head:10001")
+    with wb.reserve("v6e", "2x2", cpus_per_chip=2) as tpu_slice:
+        result = wb.train(tpu_slice, wb.TrainConfig(env="CartPole-v1"))
+
+The layers are packages: :mod:`workbench.tpu` (where chips come from),
+:mod:`workbench.train` (a run on a slice), :mod:`workbench.learn` (what a chip runs),
+:mod:`workbench.algos` (the math), :mod:`workbench.envs` and :mod:`workbench.ui`.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata as _metadata
+from typing import TYPE_CHECKING
+
+from workbench import algos as algos
 from workbench import envs as envs  # registers the workbench/* ids with gymnasium
-from workbench.cluster import ClusterError, LocalCluster, connect, disconnect, local_cluster
-from workbench.slice import Slice, SliceUnavailableError, list_slices, reserve
-from workbench.tpu import CatalogError, SliceShape, parse_shape, topologies
+from workbench.tpu import (
+    CatalogError,
+    ClusterError,
+    LocalCluster,
+    Slice,
+    SliceShape,
+    SliceUnavailableError,
+    connect,
+    disconnect,
+    list_slices,
+    local_cluster,
+    parse_shape,
+    reserve,
+    topologies,
+)
+
+try:
+    __version__ = _metadata.version("tpu-rl-workbench")
+except _metadata.PackageNotFoundError:  # a checkout on sys.path without an install
+    __version__ = "0+unknown"
+
+if TYPE_CHECKING:
+    from workbench.train import TrainConfig, TrainingRun, TrainResult, start_run, train
+
+# The train layer loads on first use, so `import workbench` (and every process Ray starts
+# that unpickles a workbench class) stays light.
+_LAZY = {"TrainConfig", "TrainResult", "TrainingRun", "start_run", "train"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import workbench.train
+
+        return getattr(workbench.train, name)
+    raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+
 
 __all__ = [
     "CatalogError",
@@ -12,11 +63,19 @@ __all__ = [
     "Slice",
     "SliceShape",
     "SliceUnavailableError",
+    "TrainConfig",
+    "TrainResult",
+    "TrainingRun",
+    "__version__",
+    "algos",
     "connect",
     "disconnect",
+    "envs",
     "list_slices",
     "local_cluster",
     "parse_shape",
     "reserve",
+    "start_run",
     "topologies",
+    "train",
 ]

@@ -1,4 +1,10 @@
-"""The ``workbench`` command line; each subcommand is a thin call into the Python API."""
+"""The ``workbench`` command line; each subcommand is a thin call into the Python API.
+
+``workbench train``'s flags are derived from the configs: every field of
+:class:`~workbench.train.TrainConfig` and of the chosen algorithm's config dataclass is a
+flag, with its docstring as help and its default. A run can also come from a YAML or JSON
+file (``--config run.yaml``), which flags override.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +12,27 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
 
-from workbench.cluster import ClusterError, parse_address
-from workbench.slice import SliceUnavailableError
-from workbench.tpu import CatalogError, all_shapes, parse_generation, parse_shape
+from workbench.tpu.catalog import (
+    CatalogError,
+    SliceShape,
+    all_shapes,
+    parse_generation,
+    parse_shape,
+)
+from workbench.tpu.cluster import ClusterError, parse_address
+from workbench.tpu.slice import SliceUnavailableError
+
+# Options of `workbench train` that say where a run goes, not what it learns.
+SLICE_OPTIONS = ("generation", "topology")
+# TrainConfig fields that are not flags: the algorithm's config gets flags of its own.
+NOT_FLAGS = ("algo_config",)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,6 +78,162 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+# ---- flags derived from config dataclasses ----------------------------------------------
+
+def _field_type(info) -> Callable[[str], Any]:
+    from workbench.train.fields import ConfigError, parse_text
+
+    def parse(text: str) -> Any:
+        try:
+            return parse_text(info, text)
+        except ConfigError as error:
+            raise argparse.ArgumentTypeError(error.problem.rstrip(".")) from None
+
+    parse.__name__ = info.name
+    return parse
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, dest_prefix: str,
+                     skip: tuple[str, ...] = (), title: str | None = None) -> None:
+    """A flag for every field of the config dataclass ``cls``, help from its docstrings.
+
+    Flags default to "not given", so that a config file's values stand unless a flag
+    overrides them; ``dest`` is ``<dest_prefix><field>``.
+    """
+    from workbench.train.fields import fields
+
+    group = parser.add_argument_group(title) if title else parser
+    for info in fields(cls).values():
+        if info.name in skip:
+            continue
+        shown = info.default if not isinstance(info.default, tuple) else \
+            ",".join(str(v) for v in info.default)
+        options: dict[str, Any] = {
+            "dest": dest_prefix + info.name,
+            "default": argparse.SUPPRESS,
+            "help": f"{info.doc} (default: {shown})".replace("%", "%%"),
+        }
+        if info.kind == "bool":
+            options["action"] = argparse.BooleanOptionalAction
+        elif info.kind == "choice":
+            options["choices"] = list(info.choices)
+        elif info.kind != "other":
+            options["type"] = _field_type(info)
+            options["metavar"] = info.kind.upper()
+        else:
+            continue
+        group.add_argument(info.flag, **options)
+
+
+def _prescan(argv: list[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``argv`` before the parser exists (``--flag V`` or
+    ``--flag=V``), to pick which algorithm's flags to add."""
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _algorithm_for(argv: list[str]):
+    """The algorithm whose flags ``workbench train`` offers: ``--algo``, else the config
+    file's ``algo``, else the default. An unknown name is reported after parsing."""
+    from workbench import algos
+    from workbench.train import TrainConfig
+
+    name = _prescan(argv, "--algo")
+    if name is None:
+        path = _prescan(argv, "--config")
+        if path:
+            try:
+                name = read_run_file(path).get("algo")
+            except (OSError, ValueError):
+                name = None
+    try:
+        return algos.get(name or TrainConfig().algo)
+    except ValueError:
+        return algos.get(TrainConfig().algo)
+
+
+# ---- run files --------------------------------------------------------------------------
+
+def read_run_file(path: str) -> dict:
+    """A run given as a YAML or JSON mapping (parsed, never evaluated).
+
+    Raises:
+        ValueError: the file cannot be read, is not YAML/JSON, or is not a mapping.
+    """
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ValueError(f"--config {path}: cannot read it ({error.strerror}).") from None
+    kind = "JSON" if path.endswith(".json") else "YAML"
+    try:
+        loaded = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as error:
+        raise ValueError(f"--config {path}: not valid {kind} "
+                         f"({str(error).splitlines()[0]}).") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"--config {path}: must hold a mapping of field: value, got "
+                         f"{type(loaded).__name__}.")
+    return loaded
+
+
+def train_config_from(args: argparse.Namespace, algorithm) -> tuple[Any, SliceShape]:
+    """The run's :class:`TrainConfig` and slice shape: defaults, then the ``--config``
+    file, then flags.
+
+    Raises:
+        ValueError: an unknown key or a value of the wrong type (naming it), or a run
+            file for another algorithm than ``--algo``.
+    """
+    from workbench.train import TrainConfig
+    from workbench.train.fields import ConfigError, fields, from_mapping, unknown_field
+
+    given = vars(args)
+    from_file = read_run_file(args.config) if getattr(args, "config", None) else {}
+    train_fields = fields(TrainConfig)
+    values: dict[str, Any] = {}
+    algo_values: dict[str, Any] = {}
+    shape_values = {"generation": "v6e", "topology": "2x2"}
+    for key, value in from_file.items():
+        if key in SLICE_OPTIONS:
+            shape_values[key] = value
+        elif key in (algorithm.name, "algo_config"):
+            if not isinstance(value, dict):
+                raise ConfigError(key, f"in {args.config} must be a mapping of "
+                                       f"{algorithm.name}'s fields, got {value!r}.")
+            algo_values.update(value)
+        elif key in train_fields and key not in NOT_FLAGS:
+            values[key] = value
+        else:
+            raise unknown_field(TrainConfig, key, f"a run file (or {algorithm.name}'s section)")
+    for name in train_fields:
+        if f"train.{name}" in given:
+            values[name] = given[f"train.{name}"]
+    for name in SLICE_OPTIONS:
+        if given.get(name) is not None:
+            shape_values[name] = given[name]
+    for key, value in given.items():
+        if key.startswith("algo."):
+            algo_values[key[len("algo."):]] = value
+    if values.get("algo", algorithm.name) != algorithm.name:
+        raise ValueError(
+            f"The run file names algo {values['algo']!r} but --algo is {algorithm.name!r}; "
+            "give one of them."
+        )
+    config = from_mapping(TrainConfig, values, "TrainConfig")
+    hyperparameters = from_mapping(algorithm.config_type, algo_values,
+                                   f"{algorithm.name}'s config")
+    shape = parse_shape(shape_values["generation"], shape_values["topology"])
+    return config.replace(algo=algorithm.name, algo_config=hyperparameters), shape
+
+
+# ---- subcommands ------------------------------------------------------------------------
+
 def cmd_topologies(args: argparse.Namespace) -> int:
     shapes = all_shapes()
     if args.generation:
@@ -82,8 +257,8 @@ def cmd_topologies(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from workbench.cluster import local_cluster
-    from workbench.doctor import run_checks
+    from workbench.tpu.cluster import local_cluster
+    from workbench.tpu.doctor import run_checks
 
     cluster = local_cluster([("v6e", "2x2")]) if args.simulated else None
     try:
@@ -96,30 +271,63 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 1 if any(f.level == "error" for f in findings) else 0
 
 
-def _run_training(args: argparse.Namespace, config) -> dict:
+def _cluster_address(args: argparse.Namespace) -> str | None:
+    return getattr(args, "address", None) or os.environ.get("RAY_ADDRESS") or None
+
+
+def _check_before_start(args: argparse.Namespace, config, shape: SliceShape):
+    """Refuse, before any cluster starts, what would only fail once one is up."""
+    from workbench.train.plan import plan_run
+
+    address = _cluster_address(args)
+    if address:
+        parse_address(address)
+    plan = plan_run(config)
+    if config.resume:
+        from workbench.train.checkpoint import require_checkpoint
+
+        require_checkpoint(config.checkpoint_dir)
+    json_path = getattr(args, "json", None)
+    if json_path:
+        _check_writable(json_path)
+    return plan
+
+
+def _check_writable(path: str) -> None:
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise ValueError(f"--json {path}: is a directory; give a file name.")
+    if not folder.is_dir():
+        raise ValueError(f"--json {path}: the folder {str(folder)!r} does not exist.")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ValueError(f"--json {path}: not writable here; give a path you can write.")
+
+
+def _run_training(args: argparse.Namespace, config, shape: SliceShape) -> tuple[dict, str]:
     """Reserve the slice (starting a simulated cluster if no address is known), train
-    with a progress bar, release, and return the result record."""
+    with a progress bar, release; returns the result record and where it ran."""
     import contextlib
-    import os
 
     from tqdm import tqdm
 
-    from workbench.cluster import connect, local_cluster
-    from workbench.engine import train
-    from workbench.slice import reserve
+    from workbench.tpu.cluster import connect, local_cluster
+    from workbench.tpu.slice import reserve
+    from workbench.train.run import TrainingRun
 
     cpus_per_chip = 2  # the learner's CPU, and room for a rollout actor beside it
     with contextlib.ExitStack() as stack:
-        address = getattr(args, "address", None) or os.environ.get("RAY_ADDRESS")
+        address = _cluster_address(args)
         if address:
             connect(address)
+            where = f"on the cluster at {address}"
         else:
-            print(f"Starting a simulated cluster with one {args.generation} {args.topology} "
-                  "slice...", file=sys.stderr)
-            stack.enter_context(local_cluster([(args.generation, args.topology)]))
+            print(f"Starting a simulated cluster with one {shape.label} slice...",
+                  file=sys.stderr)
+            stack.enter_context(local_cluster([shape]))
+            where = "over a simulated slice"
         tpu_slice = stack.enter_context(
-            reserve(args.generation, args.topology, timeout_s=args.reserve_timeout,
-                    cpus_per_chip=cpus_per_chip)
+            reserve(shape, timeout_s=args.reserve_timeout, cpus_per_chip=cpus_per_chip)
         )
         print(tpu_slice.layout(), file=sys.stderr)
         bar = stack.enter_context(
@@ -131,49 +339,18 @@ def _run_training(args: argparse.Namespace, config) -> dict:
             recent = row["mean_return_100"] or row["mean_return_this_update"] or 0.0
             bar.set_postfix(ret=f"{recent:.0f}", sps=f"{row['env_steps_per_s'] or 0:.0f}")
 
-        result = train(tpu_slice, config, on_update=progress)
-    return result.to_json()
-
-
-def _train_config(args: argparse.Namespace):
-    from workbench.engine import TrainConfig
-
-    return TrainConfig(
-        env=args.env,
-        mode=args.mode,
-        total_env_steps=args.total_env_steps,
-        seed=args.seed,
-        checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
-        stop_at_target=args.stop_at_target,
-        envs_per_chip=args.envs_per_chip,
-        rollout_length=args.rollout_length,
-        sync=args.sync,
-    )
-
-
-def _check_before_start(args: argparse.Namespace) -> None:
-    """Refuse, before the slow imports, what would only fail once a cluster is up."""
-    parse_shape(args.generation, args.topology)
-    if getattr(args, "address", None):
-        parse_address(args.address)
-    if getattr(args, "resume", False):
-        if not args.checkpoint_dir:
-            raise ValueError("--resume needs --checkpoint-dir: the directory of the run to "
-                             "continue.")
-        from workbench.checkpoint import require_checkpoint
-
-        require_checkpoint(args.checkpoint_dir)
+        run = TrainingRun(tpu_slice, config).on_update(progress).start()
+        result = run.wait(interrupt_grace_s=10.0)
+    return result.to_json(), where
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    if args.algo != "ppo":
-        raise ValueError(f"Unknown algorithm {args.algo!r}; available: ppo.")
-    _check_before_start(args)
-    config = _train_config(args)
-    config.validate()
-    record = _run_training(args, config)
+    from workbench import algos
+
+    algorithm = algos.get(args.algo_name)
+    config, shape = train_config_from(args, algorithm)
+    _check_before_start(args, config, shape)
+    record, _ = _run_training(args, config, shape)
     summary = {k: v for k, v in record.items() if k != "curve"}
     print(json.dumps(summary, indent=1))
     if args.json:
@@ -183,17 +360,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    _check_before_start(args)
-    from workbench.engine import TrainConfig
+    from workbench.train import TrainConfig
 
-    started = time.monotonic()
+    shape = parse_shape(args.generation, args.topology)
     config = TrainConfig(total_env_steps=args.total_env_steps, seed=args.seed,
                          stop_at_target=True)
-    config.validate()
-    record = _run_training(args, config)
+    _check_before_start(args, config, shape)
+    started = time.monotonic()
+    record, where = _run_training(args, config, shape)
     print(
-        f"PPO on {record['env']} over a simulated {record['generation']} {record['topology']} "
-        f"slice ({record['chips']} learners on {record['hosts']} host(s)): greedy return "
+        f"PPO on {record['env']} {where} ({record['generation']} {record['topology']}, "
+        f"{record['chips']} learners on {record['hosts']} host(s)): greedy return "
         f"{record['final_return']:.1f} after {record['env_steps']} env steps; "
         f"training-target time {record['time_to_train_target_s']} s, "
         f"start-up {record['startup_s']:.1f} s, all done in {time.monotonic() - started:.0f} s."
@@ -201,11 +378,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; ``argv`` picks which algorithm's flags ``train`` offers."""
+    import workbench
+    from workbench import algos
+    from workbench.train import TrainConfig
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = _Parser(
         prog="workbench", description="Reinforcement learning on Cloud TPU slices with Ray and JAX."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    parser.add_argument("--version", action="version",
+                        version=f"workbench {workbench.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     topo = sub.add_parser("topologies", help="list TPU generations and valid slice shapes")
@@ -227,40 +412,63 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--reserve-timeout", type=_seconds, default=60.0)
     demo.set_defaults(func=cmd_demo)
 
-    run = sub.add_parser("train", help="train on a reserved slice (simulated if no address)")
-    run.add_argument("--generation", default="v6e")
-    run.add_argument("--topology", default="2x2")
-    run.add_argument("--env", default="CartPole-v1")
-    run.add_argument("--algo", default="ppo")
-    run.add_argument("--mode", default="actors", choices=["actors", "anakin"],
-                     help="actors: gymnasium envs on host CPUs; anakin: JAX envs on the chip")
-    run.add_argument("--total-env-steps", type=_whole(1), default=500_000)
-    run.add_argument("--seed", type=_whole(0), default=0)
-    run.add_argument("--json", help="write the result record here")
+    algorithm = _algorithm_for(argv)
+    run = sub.add_parser(
+        "train", help="train on a reserved slice (simulated if no address)",
+        description="Train on a reserved slice. Every TrainConfig field and every field of "
+                    "the chosen algorithm's config is a flag; --config takes a YAML or JSON "
+                    "file of the same fields, which flags override.",
+    )
+    run.add_argument("--generation", help="TPU generation (default: v6e)")
+    run.add_argument("--topology", help="slice topology (default: 2x2)")
     run.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else simulated)")
-    run.add_argument("--checkpoint-dir")
-    run.add_argument("--checkpoint-every", type=_whole(0), default=0)
-    run.add_argument("--resume", action="store_true")
-    run.add_argument("--stop-at-target", action="store_true")
-    run.add_argument("--envs-per-chip", type=_whole(1), default=16)
-    run.add_argument("--rollout-length", type=_whole(1), default=64)
-    run.add_argument("--sync", default="auto", choices=["auto", "gradients", "batch"])
+    run.add_argument("--config", help="a YAML or JSON file of the run's fields")
+    run.add_argument("--json", help="write the result record here")
     run.add_argument("--reserve-timeout", type=_seconds, default=60.0)
+    add_config_flags(run, TrainConfig, "train.", skip=NOT_FLAGS + ("algo",))
+    run.add_argument("--algo", dest="algo_name", default=algorithm.name,
+                     help=f"the algorithm: one of {', '.join(algos.names())} (default: ppo)")
+    add_config_flags(run, algorithm.config_type, "algo.",
+                     title=f"{algorithm.name} ({algorithm.summary or 'hyperparameters'})")
     run.set_defaults(func=cmd_train)
 
-    from workbench import gke
+    from workbench.tpu import gke
 
     gke.add_parser(sub)
     return parser
 
 
+def _one_line(error: BaseException, flags: set[str]) -> str:
+    """The error as one line; a config field's error also names its flag."""
+    from workbench.train.fields import ConfigError
+
+    if (isinstance(error, ConfigError) and error.field in flags
+            and not error.problem.startswith("=")):
+        return f"{error.field} (--{error.field.replace('_', '-')}) {error.problem}"
+    return " ".join(str(error).split())
+
+
+def _flag_fields(argv: list[str]) -> set[str]:
+    """The config fields that ``workbench train`` offers as flags for this command line."""
+    from workbench.train import TrainConfig
+    from workbench.train.fields import fields
+
+    return (set(fields(TrainConfig)) | set(fields(_algorithm_for(argv).config_type))) - \
+        set(NOT_FLAGS)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from workbench.learn.platform import DistributedStartError
+    from workbench.train.attempt import ChipLost
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     try:
         return args.func(args)
-    except (CatalogError, ValueError, ClusterError, SliceUnavailableError) as error:
-        print(f"workbench: {error}", file=sys.stderr)
+    except (CatalogError, ValueError, ClusterError, SliceUnavailableError,
+            DistributedStartError, ChipLost) as error:
+        print(f"workbench: {_one_line(error, _flag_fields(argv))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("workbench: interrupted: training stopped after its current update (with a "

@@ -1,21 +1,16 @@
 """Notebook views over the workbench API: the slice picker, the training dashboard, and
 metrics recorded where a test can read them from an executed notebook."""
 
-from workbench.ui.dashboard import (
-    TrainingDashboard,
-    TrainingRun,
-    start_training,
-    summary_html,
-)
+from workbench.ui.dashboard import DashboardRun, TrainingDashboard, start_training, summary_html
 from workbench.ui.drawing import facts_html, slice_svg
 from workbench.ui.picker import SlicePicker
 from workbench.ui.records import METRICS_MIMETYPE, read_records, record
 
 __all__ = [
     "METRICS_MIMETYPE",
+    "DashboardRun",
     "SlicePicker",
     "TrainingDashboard",
-    "TrainingRun",
     "facts_html",
     "read_records",
     "record",

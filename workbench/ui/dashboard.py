@@ -1,9 +1,9 @@
 """The training dashboard: live curves of a run that trains in the background.
 
-``start_training(slice, config)`` shows a :class:`TrainingDashboard` and runs
-:func:`workbench.engine.train` in a thread, so the kernel stays free to handle the Stop
-button; it returns a :class:`TrainingRun` whose ``wait()`` gives the
-:class:`~workbench.engine.TrainResult`.
+``start_training(slice, config)`` shows a :class:`TrainingDashboard` over a run handle
+(:class:`workbench.train.run.TrainingRun`, training in a thread, so the kernel stays free to
+handle the Stop button); ``run.wait()`` gives the :class:`~workbench.train.TrainResult`. The
+dashboard only observes the run and forwards its Stop button to ``run.stop()``.
 
 NOTE: the training thread updates widgets only by assigning traits (values, PNG bytes);
 ipywidgets sends those from any thread, whereas an ``Output`` context manager used across
@@ -15,16 +15,17 @@ from __future__ import annotations
 import html
 import io
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
+from workbench.train.run import TrainingRun
+
 if TYPE_CHECKING:
-    from workbench.engine import TrainConfig, TrainResult
-    from workbench.slice import Slice
+    from workbench.tpu.slice import Slice
+    from workbench.train import TrainConfig, TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ SUMMARY_FIELDS = (
     ("chips", "chips"),
     ("hosts", "hosts"),
     ("mode", "mode"),
+    ("algo", "algorithm"),
+    ("sync", "sync"),
     ("env", "environment"),
     ("seed", "seed"),
     ("updates", "updates"),
@@ -63,7 +66,7 @@ def summary_html(result: TrainResult, stopped: bool = False) -> str:
     """A run's result as a two-column HTML table.
 
     Args:
-        result: what :func:`workbench.engine.train` returned.
+        result: what :func:`workbench.train.train` returned.
         stopped: the run was stopped before its budget; said in the caption.
 
     Returns:
@@ -146,10 +149,14 @@ class TrainingDashboard(widgets.VBox):
         self._stop_callbacks.append(callback)
 
     def _request_stop(self) -> None:
-        self.stop_button.disabled = True
-        self.status.value = "Stopping after the current update..."
+        self.show_stopping()
         for callback in self._stop_callbacks:
             callback()
+
+    def show_stopping(self) -> None:
+        """Show that the run was asked to stop."""
+        self.stop_button.disabled = True
+        self.status.value = "Stopping after the current update..."
 
     def update(self, row: dict) -> None:
         """Show one update's row (the engine's ``on_update`` argument).
@@ -257,118 +264,36 @@ class TrainingDashboard(widgets.VBox):
             )
 
 
-class TrainingRun:
-    """A training run going on in a background thread; see :func:`start_training`."""
+class DashboardRun(TrainingRun):
+    """A :class:`~workbench.train.run.TrainingRun` watched by a :class:`TrainingDashboard`;
+    its :meth:`wait` also leaves a static figure and a summary table in the cell."""
 
-    def __init__(
-        self,
-        tpu_slice: Slice,
-        config: TrainConfig,
-        dashboard: TrainingDashboard,
-        *,
-        release_slice: bool = False,
-        train_kwargs: dict | None = None,
-    ) -> None:
-        self.tpu_slice = tpu_slice
-        self.config = config
+    def __init__(self, tpu_slice: Slice, config: TrainConfig | None, dashboard: TrainingDashboard,
+                 **kwargs: Any) -> None:
+        super().__init__(tpu_slice, config, **kwargs)
         self.dashboard = dashboard
-        self.release_slice = release_slice
-        self.result: TrainResult | None = None
-        self.error: BaseException | None = None
-        self._train_kwargs = dict(train_kwargs or {})
-        self._stop = threading.Event()
-        self._done = threading.Event()
         self._summarised = False
-        self._thread = threading.Thread(target=self._run, name="workbench-training", daemon=True)
         dashboard.on_stop(self.stop)
+        self.on_update(dashboard.update)
+        self.on_stop(dashboard.show_stopping)
+        self.on_end(lambda run: dashboard.finish(run.result, run.error, run.stopped))
 
-    def start(self) -> TrainingRun:
-        self._thread.start()
-        return self
-
-    @property
-    def done(self) -> bool:
-        """Training has ended (finished, stopped or failed)."""
-        return self._done.is_set()
-
-    @property
-    def stopped(self) -> bool:
-        """A stop was requested (Stop button, :meth:`stop`, or an interrupted ``wait``)."""
-        return self._stop.is_set()
-
-    @property
-    def rows(self) -> list[dict]:
-        """Every update row seen so far."""
-        return list(self.dashboard.rows)
-
-    def stop(self) -> None:
-        """Ask training to end after the current update; returns at once.
-
-        With a ``checkpoint_dir`` in the config the learners write a final checkpoint.
-        """
-        if not self._stop.is_set() and not self.done:
-            self._stop.set()
-            self.dashboard.stop_button.disabled = True
-            self.dashboard.status.value = "Stopping after the current update..."
-
-    def _run(self) -> None:
-        from workbench.engine import train
-
-        def on_update(row: dict) -> None:
-            try:
-                self.dashboard.update(row)
-            except Exception:  # a drawing problem must not end a training run
-                log.warning("dashboard update failed", exc_info=True)
-
-        try:
-            self.result = train(self.tpu_slice, self.config, on_update=on_update,
-                                should_stop=self._stop.is_set, **self._train_kwargs)
-        except BaseException as error:  # handed to wait(), which re-raises it
-            self.error = error
-        finally:
-            if self.release_slice:
-                try:
-                    self.tpu_slice.release()
-                except Exception:
-                    log.warning("releasing the slice after training failed", exc_info=True)
-            try:
-                self.dashboard.finish(self.result, self.error, self._stop.is_set())
-            finally:
-                self._done.set()
-
-    def wait(self, *, show_summary: bool = True, interrupt_grace_s: float = 30.0) -> TrainResult:
-        """Block until training ends and return its result.
-
-        Interrupting the kernel while this waits requests a stop, waits up to
-        ``interrupt_grace_s`` for training to end cleanly, and re-raises the interrupt.
+    def wait(self, timeout_s: float | None = None, *, show_summary: bool = True,
+             interrupt_grace_s: float = 30.0) -> TrainResult:
+        """Block until training ends and return its result (see
+        :meth:`TrainingRun.wait <workbench.train.run.TrainingRun.wait>`).
 
         Args:
+            timeout_s: give up waiting after this long (training goes on).
             show_summary: in a notebook, leave a static figure and a summary table in
                 this cell's output (they stay in saved and papermill-executed notebooks).
             interrupt_grace_s: how long an interrupted wait gives training to end.
-
-        Returns:
-            The :class:`~workbench.engine.TrainResult`.
-
-        Raises:
-            KeyboardInterrupt: the wait was interrupted (training has been stopped).
-            Exception: whatever ended training with an error, re-raised.
         """
-        try:
-            # Short joins keep the main thread responsive to an interrupt.
-            while not self._done.wait(0.2):
-                pass
-        except KeyboardInterrupt:
-            self.stop()
-            self._done.wait(interrupt_grace_s)
-            raise
-        if self.error is not None:
-            raise self.error
-        assert self.result is not None
+        result = super().wait(timeout_s, interrupt_grace_s=interrupt_grace_s)
         if show_summary and not self._summarised:
             self._summarised = True
-            _show_summary(self.dashboard, self.result, self.stopped)
-        return self.result
+            _show_summary(self.dashboard, result, self.stopped)
+        return result
 
 
 def _show_summary(dashboard: TrainingDashboard, result: TrainResult, stopped: bool) -> None:
@@ -389,7 +314,7 @@ def start_training(
     release_slice: bool = False,
     title: str | None = None,
     **train_kwargs: Any,
-) -> TrainingRun:
+) -> DashboardRun:
     """Start training on a reserved slice in the background, with a live dashboard.
 
     Returns at once; the kernel stays free, so the dashboard's Stop button works. Call
@@ -401,31 +326,26 @@ def start_training(
         show: display the dashboard in the current cell.
         release_slice: release the slice when training ends (finished, stopped or failed).
         title: the dashboard's heading; by default the shape and environment.
-        **train_kwargs: passed on to :func:`workbench.engine.train` (``loss_fn``...).
+        **train_kwargs: passed on to :func:`workbench.train.engine.train`.
 
     Returns:
-        The running :class:`TrainingRun`.
+        The running :class:`DashboardRun`.
 
     Raises:
         ValueError: a config that cannot work, or a released slice (nothing is started).
     """
-    from workbench.engine import TrainConfig
+    from workbench.train import TrainConfig
 
     config = config or TrainConfig()
-    config.validate()  # fail in the calling cell, not later in the thread
-    if tpu_slice.released:
-        raise ValueError("This slice has been released; reserve a slice and train on that.")
-    for reserved in ("on_update", "should_stop"):
-        if reserved in train_kwargs:
-            raise ValueError(f"{reserved} is driven by the dashboard; do not pass it here.")
     dashboard = TrainingDashboard(
-        config.total_env_steps,
+        config.total_env_steps if isinstance(config.total_env_steps, int) else 1,
         title=title or f"{config.env} on {tpu_slice.shape.label} "
-                       f"({tpu_slice.num_chips} chips, seed {config.seed})",
-        target_return=config.target_return,
+                       f"({tpu_slice.num_chips} chips, {config.algo}, seed {config.seed})",
     )
-    run = TrainingRun(tpu_slice, config, dashboard, release_slice=release_slice,
-                      train_kwargs=train_kwargs)
+    run = DashboardRun(tpu_slice, config, dashboard, release_slice=release_slice,
+                       **train_kwargs)
+    # Only an env with a target gets a target line.
+    dashboard.target_return = run.target_return
     if show:
         from IPython.display import display
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import math
 
-from workbench.tpu import SliceShape
+from workbench.tpu.catalog import SliceShape
 
 # Big pods have hundreds of hosts; a drawing of every one would be a wall of boxes.
 MAX_HOSTS_DRAWN = 32

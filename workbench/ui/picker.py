@@ -1,6 +1,6 @@
 """The slice picker: choose a TPU generation and topology, see what it is, reserve it.
 
-A view over :mod:`workbench.tpu` and :mod:`workbench.slice`. Every button does one call
+A view over :mod:`workbench.tpu.catalog` and :mod:`workbench.tpu.slice`. Every button does one call
 of the Python API that a cell can make too: ``picker.reserve()`` is the Reserve button,
 ``picker.release()`` the Release button, ``picker.select("v5p", "2x2x2")`` the dropdowns.
 """
@@ -15,9 +15,15 @@ import time
 
 import ipywidgets as widgets
 
-from workbench.cluster import ClusterError
-from workbench.slice import Slice, SliceUnavailableError, list_slices, reserve
-from workbench.tpu import CatalogError, SliceShape, generation_names, parse_shape, topologies
+from workbench.tpu.catalog import (
+    CatalogError,
+    SliceShape,
+    generation_names,
+    parse_shape,
+    topologies,
+)
+from workbench.tpu.cluster import ClusterError
+from workbench.tpu.slice import Slice, SliceUnavailableError, list_slices, reserve
 from workbench.ui.drawing import facts_html, slice_svg
 
 log = logging.getLogger(__name__)
@@ -183,7 +189,7 @@ class SlicePicker(widgets.VBox):
         """Reserve a slice of the selected shape (what the Reserve button does).
 
         Returns:
-            The reserved :class:`~workbench.slice.Slice`; also kept as :attr:`slice`.
+            The reserved :class:`~workbench.tpu.slice.Slice`; also kept as :attr:`slice`.
 
         Raises:
             SliceUnavailableError: not connected, or no free slice within ``timeout_s``.

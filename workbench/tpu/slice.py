@@ -14,7 +14,7 @@ import weakref
 from dataclasses import dataclass
 from functools import cached_property
 
-from workbench.tpu import SliceShape, parse_shape, shape_from_pod_type
+from workbench.tpu.catalog import SliceShape, parse_shape, shape_from_pod_type
 
 log = logging.getLogger(__name__)
 
@@ -208,8 +208,7 @@ class Slice:
             raise ValueError("This slice has been released; reserve a new one instead.")
         self._finalizer()
         try:
-            fresh = reserve(self.shape.generation.name, self.shape.topology,
-                            timeout_s=timeout_s, cpus_per_chip=self.cpus_per_chip)
+            fresh = reserve(self.shape, timeout_s=timeout_s, cpus_per_chip=self.cpus_per_chip)
         except BaseException:
             self._released = True
             _held.discard(self)
@@ -298,9 +297,22 @@ def _unavailable_message(shape: SliceShape, timeout_s: float, reason: str) -> st
     return " ".join(lines)
 
 
+def as_shape(generation: str | SliceShape, topology: str | None) -> SliceShape:
+    """A shape given as a :class:`SliceShape`, or as a generation and a topology.
+
+    Raises:
+        CatalogError: a shape the catalog does not know.
+    """
+    if isinstance(generation, SliceShape):
+        if topology is not None:
+            raise ValueError("Give a SliceShape or a generation and a topology, not both.")
+        return generation
+    return parse_shape(generation, topology)
+
+
 def reserve(
-    generation: str,
-    topology: str,
+    generation: str | SliceShape,
+    topology: str | None = None,
     *,
     timeout_s: float = 60.0,
     cpus_per_chip: float = 1.0,
@@ -309,7 +321,8 @@ def reserve(
     chip, on all hosts of one slice, or nothing.
 
     Args:
-        generation: ``v4``, ``v5e``, ``v5p``, ``v6e`` or ``v7x`` (aliases accepted).
+        generation: ``v4``, ``v5e``, ``v5p``, ``v6e`` or ``v7x`` (aliases accepted), or a
+            :class:`~workbench.tpu.catalog.SliceShape` (then no ``topology``).
         topology: a valid topology of that generation, e.g. ``4x4`` or ``2x2x1``.
         timeout_s: how long to wait for an intact, free slice.
         cpus_per_chip: host CPUs reserved with each chip, for its learner and rollout actors.
@@ -326,7 +339,7 @@ def reserve(
     import ray
     from ray.util.tpu import slice_placement_group
 
-    shape = parse_shape(generation, topology)
+    shape = as_shape(generation, topology)
     for label, value, unit in (("timeout_s", timeout_s, "seconds"),
                                ("cpus_per_chip", cpus_per_chip, "CPUs (fractions allowed)")):
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)

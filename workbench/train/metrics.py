@@ -1,6 +1,8 @@
 """Aggregating per-chip update records into one training curve, and the two targets.
 
-Pure bookkeeping, no Ray: the metrics board actor holds a ``MetricsLog``.
+``MetricsLog`` is pure bookkeeping; the ``MetricsBoard`` actor holds one and runs the
+greedy evaluations. A run without a target (an env with no ``reward_threshold``) records
+its curve all the same and reaches no target.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def rolling_mean(returns: list[float] | deque, window: int = WINDOW) -> float | 
 class MetricsLog:
     """Joins every chip's record of an update into one row, in update order."""
 
-    def __init__(self, num_chips: int, target_return: float) -> None:
+    def __init__(self, num_chips: int, target_return: float | None) -> None:
         self.num_chips = num_chips
         self.target = target_return
         self.pending: dict[int, dict[int, UpdateRecord]] = {}
@@ -96,6 +98,7 @@ class MetricsLog:
         self.last_closed = update
         if (
             self.train_target is None
+            and self.target is not None
             and row["mean_return_100"] is not None
             and row["mean_return_100"] >= self.target
         ):
@@ -129,7 +132,7 @@ class MetricsLog:
         entry = {"update": update, "env_steps": env_steps, "mean_return": mean_return,
                  "time": time}
         self.evals.append(entry)
-        if self.eval_target is None and mean_return >= self.target:
+        if self.eval_target is None and self.target is not None and mean_return >= self.target:
             self.eval_target = entry
 
     def snapshot(self, since: int = 0) -> dict:
@@ -149,7 +152,7 @@ class MetricsBoard:
     """Collects per-update records from every chip and greedy evaluations; the driver
     reads it without touching the learners."""
 
-    def __init__(self, num_chips: int, target_return: float, eval_episodes: int,
+    def __init__(self, num_chips: int, target_return: float | None, eval_episodes: int,
                  evaluator) -> None:
         self.log = MetricsLog(num_chips, target_return)
         self.evaluator = evaluator

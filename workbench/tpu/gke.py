@@ -1,7 +1,7 @@
 """Deployment files for GKE: a KubeRay ``RayCluster`` of TPU slices, zero-to-jupyterhub
 Helm values whose notebooks find that cluster, and the one image both run.
 
-Everything about the slice comes from the catalog (:mod:`workbench.tpu`); this module only
+Everything about the slice comes from the catalog (:mod:`workbench.tpu.catalog`); this module only
 decides how to lay it out on Kubernetes. Pure functions render the files; ``write_files``
 and the ``workbench gke`` subcommand put them on disk after every input has been checked.
 
@@ -28,7 +28,7 @@ read 2026):
 - GKE's TPU device plugin sets ``TPU_ACCELERATOR_TYPE`` (the pod type, e.g. ``v6e-16``) and
   ``TPU_TOPOLOGY``; Ray reads those and ``TPU_NAME``/``TPU_WORKER_ID`` to give each host its
   ``TPU`` resource, the ``TPU-<pod type>-head`` resource on worker 0 and the ``ray.io/tpu-*``
-  node labels that :mod:`workbench.slice` reserves by: the simulated cluster copies exactly
+  node labels that :mod:`workbench.tpu.slice` reserves by: the simulated cluster copies exactly
   this. (ray/_private/accelerators/tpu.py)
 - Ports on TPU pods: 8471 is the port libtpu uses between the hosts of a slice, 8431 is where
   the TPU runtime exports the metrics GKE collects, and 8081 is Ray's default MegaScale
@@ -51,7 +51,7 @@ from pathlib import Path
 
 import yaml
 
-from workbench.tpu import SliceShape, parse_shape
+from workbench.tpu.catalog import SliceShape, parse_shape
 
 DEFAULT_NAME = "workbench"
 DEFAULT_NAMESPACE = "workbench"

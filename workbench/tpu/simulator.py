@@ -1,7 +1,7 @@
 """The process that runs a simulated GKE TPU cluster: a real multi-node Ray cluster
 on this machine whose worker nodes look like the hosts of TPU slices.
 
-Run as ``python -m workbench.simulator SPEC_JSON`` by :mod:`workbench.cluster`, never
+Run as ``python -m workbench.tpu.simulator SPEC_JSON`` by :mod:`workbench.tpu.cluster`, never
 imported by user code. It starts a Ray head node and one Ray node per simulated TPU host,
 each with the resources, labels and process environment that GKE's TPU webhook gives a
 real host, then serves one JSON command per stdin line (add a slice, lose a host, add a
@@ -22,10 +22,10 @@ import os
 import sys
 from dataclasses import dataclass
 
-from workbench.ports import free_port
-from workbench.tpu import SliceShape, parse_shape
+from workbench.tpu.catalog import SliceShape, parse_shape
+from workbench.tpu.ports import free_port
 
-log = logging.getLogger("workbench.simulator")
+log = logging.getLogger("workbench.tpu.simulator")
 
 # NOTE: Ray binds its gRPC servers (GCS, raylet, object manager, every worker), its agents
 # and its metrics exporters to loopback only when the node address is exactly 127.0.0.1;
@@ -33,7 +33,7 @@ log = logging.getLogger("workbench.simulator")
 # 127.0.0.1 it is given for the machine's external IP unless "local-only" mode is on (the
 # default on macOS and Windows, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 elsewhere), so the
 # simulator's process tree runs with LOCAL_ONLY_ENV and the driver connects the same way
-# (see workbench.cluster).
+# (see workbench.tpu.cluster).
 LOOPBACK_NODE_IP = "127.0.0.1"
 LOCAL_ONLY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
@@ -217,7 +217,7 @@ def main(argv: list[str]) -> int:
     os.dup2(2, 1)
     spec = json.loads(argv[0])
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    # Ray reads this when it is first imported; workbench.cluster also starts this process
+    # Ray reads this when it is first imported; workbench.tpu.cluster also starts this process
     # with it, in case a module imported before main() already imported Ray.
     os.environ.update(LOCAL_ONLY_ENV)
     simulator = None

@@ -1,7 +1,7 @@
 """Where Ray runs: an existing cluster (KubeRay on GKE, ``RAY_ADDRESS``, ``ray://``) or
 an embedded simulated GKE TPU cluster on this machine.
 
-The simulated cluster lives in its own process (:mod:`workbench.simulator`) so that the
+The simulated cluster lives in its own process (:mod:`workbench.tpu.simulator`) so that the
 notebook kernel's environment is never touched, and so that it stops when the kernel
 goes away: it watches its stdin, which closes when its owner exits.
 """
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from workbench.tpu import SliceShape, parse_shape
+from workbench.tpu.catalog import SliceShape, parse_shape
 
 log = logging.getLogger(__name__)
 
@@ -233,15 +233,15 @@ class LocalCluster:
             "slices": [(s.generation.name, s.topology) for s in shapes],
         }
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "RAY_ADDRESS"))}
-        # Imported here: `python -m workbench.simulator` must not find itself imported already.
-        from workbench.simulator import LOCAL_ONLY_ENV
+        # Imported here: `python -m workbench.tpu.simulator` must not find itself imported already.
+        from workbench.tpu.simulator import LOCAL_ONLY_ENV
 
         env.update(LOCAL_ONLY_ENV)  # every node binds to loopback only (see simulator)
         # Own session: the simulated cluster's processes never receive the kernel's
         # Ctrl-C, and stopping it can signal the whole group.
         with open(os.path.join(self.temp_dir, "simulator.log"), "w") as log_file:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "workbench.simulator", json.dumps(spec)],
+                [sys.executable, "-m", "workbench.tpu.simulator", json.dumps(spec)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log_file,
@@ -290,9 +290,10 @@ class LocalCluster:
             raise ClusterError(f"Simulated cluster refused {command['op']}: {reply.get('error')}")
         return reply
 
-    def add_slice(self, generation: str, topology: str) -> str:
+    def add_slice(self, generation: str | SliceShape, topology: str | None = None) -> str:
         """Add the hosts of one more slice; returns the new slice's name."""
-        shape = parse_shape(generation, topology)
+        shape = generation if isinstance(generation, SliceShape) else \
+            parse_shape(generation, topology)
         reply = self._command(
             op="add_slice", generation=shape.generation.name, topology=shape.topology
         )
@@ -349,19 +350,23 @@ def _log_warnings(path: str, limit: int = 5) -> str:
 
 def _slice_shapes(slices: object) -> list[SliceShape]:
     example = "[('v6e', '2x2')] or [('v6e', '4x4'), ('v6e', '2x2')]"
-    if isinstance(slices, (str, bytes)) or not isinstance(slices, Iterable):
+    if isinstance(slices, (str, bytes, SliceShape)) or not isinstance(slices, Iterable):
         raise ValueError(
             f"slices must be a list of (generation, topology) pairs such as {example}, "
             f"got {slices!r}."
         )
-    pairs = list(slices)
-    for pair in pairs:
+    shapes = []
+    for pair in list(slices):
+        if isinstance(pair, SliceShape):
+            shapes.append(pair)
+            continue
         if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
             raise ValueError(
                 f"slices must be a list of (generation, topology) pairs such as {example}; "
                 f"{pair!r} in {slices!r} is not a pair (for one slice, put its pair in a list)."
             )
-    return [parse_shape(generation, topology) for generation, topology in pairs]
+        shapes.append(parse_shape(*pair))
+    return shapes
 
 
 def _cluster_processes(simulator_pid: int, temp_dir: str) -> set[int]:
@@ -429,7 +434,7 @@ def _shutdown_open_clusters() -> None:
 
 
 def local_cluster(
-    slices: Sequence[tuple[str, str]] = (("v6e", "2x2"),),
+    slices: Sequence[tuple[str, str] | SliceShape] = (("v6e", "2x2"),),
     *,
     connect: bool = True,
     head_cpus: int = 2,
@@ -439,8 +444,9 @@ def local_cluster(
     """Start the embedded simulated GKE TPU cluster and (by default) connect to it.
 
     Args:
-        slices: the slices to create, as (generation, topology) pairs; several pairs (even
-            of the same shape) give several slices, for contention.
+        slices: the slices to create, as (generation, topology) pairs or
+            :class:`~workbench.tpu.catalog.SliceShape` values; several (even of the same
+            shape) give several slices, for contention.
         connect: connect this process as the cluster's driver.
         head_cpus: logical CPUs of the head node (for helper actors that need no TPU).
         cpus_per_chip: logical CPUs each simulated host offers per chip; a real v6e host

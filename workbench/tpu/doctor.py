@@ -58,7 +58,7 @@ def check_versions() -> list[Finding]:
 
 
 def check_slices() -> list[Finding]:
-    from workbench.slice import list_slices
+    from workbench.tpu.slice import list_slices
 
     slices = list_slices()
     if not slices:
@@ -140,7 +140,7 @@ def run_checks(address: str | None = None) -> list[Finding]:
     """Run every check; connects to ``address`` (or ``RAY_ADDRESS``) if not yet connected."""
     import ray
 
-    from workbench.cluster import ClusterError, connect
+    from workbench.tpu.cluster import ClusterError, connect
 
     findings = check_driver_tpu() + check_widgets()
     if not ray.is_initialized():

@@ -3,6 +3,12 @@ stepped by one compiled, vmapped call (``gymnasium.make_vec``).
 
 Both hold their own PRNG keys and run on the CPU. The compiled functions are cached per
 environment value, so every view of the same environment in a process shares one compile.
+
+Gymnasium's own ``FunctionalJaxEnv``/``FunctionalJaxVectorEnv`` wrap a different protocol
+(``FuncEnv``) and dispatch a step's operations one by one, read the done flags to the host
+every step, leave a reset env's reward from its stale state and keep the state as one array;
+these views are one jitted call per step with exact next-step autoreset, 33x the steps/s of
+gymnasium's ``phys2d/CartPole-v1`` at 64 envs (``benchmarks/bench_gym_view.py``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,193 @@
+"""What every chip's learner shares, whichever mode it runs in.
+
+A learner is plain Python. Run in one process it uses the local devices; run by the train
+layer as one Ray actor per chip, after ``jax.distributed`` has joined every chip of a slice,
+its mesh spans the whole slice and the same update keeps every chip equal. Both modes
+(:mod:`workbench.learn.actors_mode`, :mod:`workbench.learn.anakin`) expose the same
+``compile()`` and ``step(stop)``, so the layer above never asks which mode it runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from workbench.algos.base import Agent, Algorithm, Spaces
+from workbench.learn import keys as run_keys
+from workbench.learn import sync
+from workbench.learn.compile_cache import load_or_compile
+
+AXIS = "chips"
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """Everything needed to build an algorithm's agent in any process (picklable)."""
+
+    algorithm: Algorithm
+    config: Any
+    spaces: Spaces
+    num_updates: int
+
+    def build(self) -> Agent:
+        return self.algorithm.build(self.config, self.spaces, self.num_updates)
+
+
+@dataclass(frozen=True)
+class LearnerSetup:
+    """What one chip's learner is built from; the same on every chip of a slice."""
+
+    agent: AgentSpec
+    seed: int
+    """The run's seed: its key tree (:mod:`workbench.learn.keys`) seeds everything."""
+    sync: str
+    """``"gradients"`` or ``"batch"`` (see :mod:`workbench.learn.sync`), resolved already."""
+    envs_per_chip: int
+    rollout_length: int
+    jax_env: Callable[[], Any] | None = None
+    """Builds the JAX environment (Anakin mode)."""
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one update of one chip reports."""
+
+    metrics: dict[str, float]
+    stop: bool
+    """Every chip agreed to stop after this update."""
+    step_s: float
+    env_steps: int
+    """Env steps this update learned from, over all chips."""
+    episode_returns: tuple[float, ...] = ()
+    """Returns of the episodes this chip's envs finished."""
+    policy_versions: tuple[int, ...] = field(default_factory=tuple)
+    """The policy version of each batch learned from."""
+
+
+def to_numpy(tree):
+    """A host copy of a (replicated) pytree of arrays, read from this process's devices."""
+    import jax
+
+    def host(x):
+        return np.asarray(x.addressable_data(0) if hasattr(x, "addressable_data") else x)
+
+    return jax.tree.map(host, tree)
+
+
+class ChipLearner:
+    """A mesh over every chip, the agent's state replicated on it, the update wrapped by
+    the sync strategy, the run's key tree, and the state to and from the host."""
+
+    host_rollouts: ClassVar[bool] = False
+    """Whether the mode needs rollout actors on the hosts' CPUs."""
+    env_kind: ClassVar[str] = "gymnasium"
+    """``gymnasium`` (any registered id) or ``jax`` (a JAX environment, on the chip)."""
+
+    def __init__(self, setup: LearnerSetup) -> None:
+        import jax
+        from jax.sharding import Mesh, NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        self.setup = setup
+        self.mesh = Mesh(np.array(jax.devices()), (AXIS,))
+        self.num_chips = self.mesh.size
+        self._replicated = NamedSharding(self.mesh, P())
+        self._per_chip = NamedSharding(self.mesh, P(AXIS))
+        self.agent = setup.agent.build()
+        self.keys = run_keys.run_keys(setup.seed)
+        self.chip_update = sync.chip_update(self.agent.update, setup.sync, AXIS)
+        self.check_replication = sync.checks_replication(setup.sync)
+        # Initialising an orthogonal network compiles for seconds: cached like the update,
+        # and the key is an argument, so every seed shares one program.
+        make_state = jax.jit(self.agent.init, out_shardings=self._replicated)
+        key = self._replicate(self.keys.params)
+        self.state = load_or_compile(make_state.lower(key))(key)
+        # Kept on the host too, so the per-update key needs no device read.
+        self._updates = 0
+        self._compiled = None
+
+    # ---- the mode interface -------------------------------------------------------------
+
+    def compile(self) -> float:
+        """Compile the update ahead of the first step; returns the seconds it took."""
+        started = time.perf_counter()
+        if self._compiled is None:
+            self._compiled = load_or_compile(self._lower())
+        return time.perf_counter() - started
+
+    def step(self, stop: bool = False) -> StepOutcome:
+        """One update; every chip of the slice must call it together."""
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Called once after the last step (a mode may have work in flight)."""
+
+    def _lower(self):
+        raise NotImplementedError
+
+    # ---- state ------------------------------------------------------------------------
+
+    @property
+    def update_count(self) -> int:
+        return self._updates
+
+    def policy_numpy(self):
+        """The acting part of the state (what rollouts and evaluations need), on the host."""
+        return to_numpy(self.agent.policy(self.state))
+
+    def state_leaves(self) -> list[np.ndarray]:
+        """The whole learner state as an ordered list of numpy arrays."""
+        import jax
+
+        return jax.tree.leaves(to_numpy(self.state))
+
+    def load_state_leaves(self, leaves: Sequence[np.ndarray], update: int) -> None:
+        """Put what :meth:`state_leaves` returned back onto the mesh, at ``update``.
+
+        Raises:
+            ValueError: the leaves do not fit this learner's state.
+        """
+        import jax
+
+        structure = jax.tree.structure(self.state)
+        if structure.num_leaves != len(leaves):
+            raise ValueError(
+                f"the checkpoint holds {len(leaves)} arrays but this learner's state has "
+                f"{structure.num_leaves}: was it written with another network or algorithm?"
+            )
+        restored = jax.tree.unflatten(structure, list(leaves))
+        self.state = jax.tree.map(self._replicate, restored)
+        self._updates = int(update)
+
+    def digest(self) -> str:
+        """SHA-256 of the whole state: equal on every chip after every update."""
+        digest = hashlib.sha256()
+        for leaf in self.state_leaves():
+            digest.update(np.ascontiguousarray(leaf).tobytes())
+        return digest.hexdigest()
+
+    # ---- helpers for the modes --------------------------------------------------------
+
+    def _replicate(self, value):
+        import jax
+
+        return jax.make_array_from_process_local_data(self._replicated, np.asarray(value))
+
+    def _update_key(self):
+        """The same key on every chip for this update."""
+        return self._replicate(run_keys.update_key(self.keys, self._updates))
+
+    def _stop_flag(self, stop: bool):
+        import jax
+
+        return jax.make_array_from_process_local_data(
+            self._per_chip, np.asarray([int(stop)], np.int32)
+        )
+
+    def _metrics(self, metrics) -> dict[str, float]:
+        return {k: float(v) for k, v in to_numpy(metrics).items()}

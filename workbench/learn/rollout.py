@@ -1,0 +1,255 @@
+"""Stepping gymnasium vector environments with the current policy, on host CPUs.
+
+``RolloutWorker`` is a plain class: the train layer runs it inside a Ray actor beside the
+chips' learners, and tests run it in-process. Acting is the algorithm's own ``act``,
+jitted on the CPU; the worker never touches a TPU and knows no algorithm by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import gymnasium as gym
+import numpy as np
+
+from workbench.algos.base import CONTINUOUS, DISCRETE, Spaces, Trajectory
+from workbench.learn import keys as run_keys
+from workbench.learn.heap import release_freed_memory
+
+
+def make_vector_env(env_id: str, num_envs: int, seed: int) -> gym.vector.VectorEnv:
+    """A vector env of ``env_id``: the env's own vectorised form when it has one (numpy
+    CartPole steps thousands of envs at once), otherwise a synchronous loop."""
+    try:
+        env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point")
+    except (gym.error.Error, ValueError, TypeError, AttributeError):
+        env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
+    env.reset(seed=seed)
+    return env
+
+
+def spaces_of(observation_space: gym.Space, action_space: gym.Space, env_id: str) -> Spaces:
+    """The algorithm-facing description of a gymnasium env's spaces.
+
+    Raises:
+        ValueError: an observation space that is not a ``Box``, or an action space that
+            is neither ``Discrete`` nor ``Box``.
+    """
+    if not isinstance(observation_space, gym.spaces.Box):
+        raise ValueError(
+            f"{env_id} has a {type(observation_space).__name__} observation space; the "
+            "workbench trains on Box observations (wrap the env to flatten it)."
+        )
+    obs_shape = tuple(int(d) for d in observation_space.shape)
+    if isinstance(action_space, gym.spaces.Discrete):
+        return Spaces(obs_shape, DISCRETE, num_actions=int(action_space.n))
+    if isinstance(action_space, gym.spaces.Box):
+        return Spaces(
+            obs_shape, CONTINUOUS, action_shape=tuple(int(d) for d in action_space.shape),
+            action_low=tuple(float(x) for x in np.ravel(action_space.low)),
+            action_high=tuple(float(x) for x in np.ravel(action_space.high)),
+        )
+    raise ValueError(
+        f"{env_id} has a {type(action_space).__name__} action space; the workbench trains "
+        "on Discrete and Box action spaces."
+    )
+
+
+def env_spaces(env_id: str) -> Spaces:
+    """The spaces of the gymnasium env ``env_id`` (made once, then closed)."""
+    env = gym.make(env_id)
+    try:
+        return spaces_of(env.observation_space, env.action_space, env_id)
+    finally:
+        env.close()
+
+
+@dataclass
+class RolloutBatch:
+    """One rollout, time-major ``[T, N]``, with the policy version that produced it."""
+
+    policy_version: int
+    trajectory: Trajectory
+    """numpy arrays."""
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+    episode_envs: list[int] = field(default_factory=list)
+    """Which env (column) each finished episode ran in."""
+
+    @property
+    def env_steps(self) -> int:
+        return int(self.trajectory.rewards.size)
+
+    def split(self, parts: int) -> list[RolloutBatch]:
+        """Cut the batch by env columns into ``parts`` equal batches, one per learner."""
+        import jax
+
+        width = self.trajectory.rewards.shape[1] // parts
+        pieces = []
+        for p in range(parts):
+            cols = slice(p * width, (p + 1) * width)
+            steps = jax.tree.map(lambda x, c=cols: x[:, c],
+                                 self.trajectory._replace(last_obs=None))
+            mine = [i for i, env in enumerate(self.episode_envs) if cols.start <= env < cols.stop]
+            pieces.append(
+                replace(
+                    self,
+                    trajectory=steps._replace(last_obs=self.trajectory.last_obs[cols]),
+                    episode_returns=[self.episode_returns[i] for i in mine],
+                    episode_lengths=[self.episode_lengths[i] for i in mine],
+                    episode_envs=[self.episode_envs[i] - cols.start for i in mine],
+                )
+            )
+        return pieces
+
+
+class _Packer:
+    """Moves what ``act`` returns for a step (actions and extras, any shapes) to the host in
+    one transfer: one float32 ``[N, K]`` array, cut apart again by columns."""
+
+    def __init__(self, example) -> None:
+        import jax
+
+        leaves, self.treedef = jax.tree.flatten(example)
+        self.shapes = [leaf.shape[1:] for leaf in leaves]
+        self.dtypes = [leaf.dtype for leaf in leaves]
+        widths = [int(np.prod(s, dtype=int)) for s in self.shapes]
+        self.bounds = np.cumsum([0, *widths])
+
+    def pack(self, tree):
+        import jax
+        import jax.numpy as jnp
+
+        leaves = jax.tree.leaves(tree)
+        return jnp.concatenate(
+            [leaf.reshape(leaf.shape[0], -1).astype(jnp.float32) for leaf in leaves], axis=1
+        )
+
+    def unpack(self, packed: np.ndarray):
+        """The tree back from packed rows ``[..., K]`` (any leading axes)."""
+        import jax
+
+        lead = packed.shape[:-1]
+        leaves = [
+            packed[..., a:b].reshape(lead + shape).astype(dtype)
+            for a, b, shape, dtype in zip(self.bounds[:-1], self.bounds[1:], self.shapes,
+                                          self.dtypes, strict=True)
+        ]
+        return jax.tree.unflatten(self.treedef, leaves)
+
+    def first(self, packed: np.ndarray) -> np.ndarray:
+        """Only the first leaf (the actions, for ``act``'s ``(actions, extras)``)."""
+        lead = packed.shape[:-1]
+        return packed[..., : self.bounds[1]].reshape(lead + self.shapes[0]).astype(self.dtypes[0])
+
+
+class RolloutWorker:
+    """Steps ``num_envs`` copies of a gymnasium environment for ``rollout_length`` steps
+    per call, acting with an algorithm's ``act``.
+
+    Args:
+        env_id: a registered gymnasium id.
+        num_envs: envs stepped together.
+        rollout_length: steps per env in one rollout.
+        agent: the :class:`~workbench.learn.learner.AgentSpec` whose ``act`` is used.
+        seed: the run's seed.
+        index: which env batch of the run this is: its envs and its sampling take their
+            keys from the run's key tree under this index.
+    """
+
+    def __init__(self, env_id: str, num_envs: int, rollout_length: int, agent, seed: int,
+                 index: int = 0) -> None:
+        import jax
+
+        self.env_id = env_id
+        self.num_envs = num_envs
+        self.rollout_length = rollout_length
+        key = run_keys.env_key(run_keys.run_keys(seed), index)
+        env_seed_key, self._key = jax.random.split(key)
+        env_seed = run_keys.as_seed(env_seed_key)
+        self.env = make_vector_env(env_id, num_envs, env_seed)
+        self.agent = agent.build()
+        self._obs, _ = self.env.reset(seed=env_seed)
+        self._obs = np.asarray(self._obs, np.float32)
+        example = jax.eval_shape(self.agent.act, self._policy_shapes(),
+                                 self._obs, jax.random.PRNGKey(0))
+        self._packer = _Packer(example)
+        act = self.agent.act
+
+        def act_packed(policy, obs, key):
+            key, sample_key = jax.random.split(key)
+            return key, self._packer.pack(act(policy, obs, sample_key))
+
+        self._act = jax.jit(act_packed)
+        self._done = np.zeros(num_envs, dtype=bool)
+        self._episode_return = np.zeros(num_envs)
+        self._episode_length = np.zeros(num_envs, dtype=np.int64)
+        self._compiled = False
+
+    def _policy_shapes(self):
+        import jax
+
+        state = jax.eval_shape(self.agent.init, jax.random.PRNGKey(0))
+        return jax.eval_shape(self.agent.policy, state)
+
+    def prepare(self) -> None:
+        """Compile acting now (on a policy of zeros), not in the first rollout."""
+        import jax
+
+        zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), self._policy_shapes())
+        self._act(zeros, self._obs, self._key)
+        self._compiled = True
+        release_freed_memory()
+
+    def sample(self, policy, policy_version: int) -> RolloutBatch:
+        """Collect one rollout acting with ``policy`` (a pytree of numpy arrays)."""
+        import jax
+
+        T, N = self.rollout_length, self.num_envs
+        obs_buf = np.zeros((T, N) + self._obs.shape[1:], dtype=np.float32)
+        acted = np.zeros((T, N, int(self._packer.bounds[-1])), dtype=np.float32)
+        rewards = np.zeros((T, N), dtype=np.float32)
+        terminated = np.zeros((T, N), dtype=bool)
+        truncated = np.zeros((T, N), dtype=bool)
+        valid = np.zeros((T, N), dtype=bool)
+        episode_returns: list[float] = []
+        episode_lengths: list[int] = []
+        episode_envs: list[int] = []
+        policy = jax.device_put(policy)
+        for t in range(T):
+            self._key, packed = self._act(policy, self._obs, self._key)
+            acted[t] = packed
+            actions = self._packer.first(acted[t])
+            obs_buf[t] = self._obs
+            # NOTE: with next-step autoreset, an env that finished last step ignores this
+            # action and resets; the step is kept for its value (the bootstrap of a
+            # truncated episode) but masked out of the loss.
+            valid[t] = ~self._done
+            obs, reward, term, trunc, _ = self.env.step(actions)
+            self._obs = np.asarray(obs, np.float32)
+            rewards[t] = reward
+            terminated[t] = term & valid[t]
+            truncated[t] = trunc & valid[t]
+            self._episode_return += np.where(valid[t], reward, 0.0)
+            self._episode_length += valid[t]
+            self._done = (term | trunc) & valid[t]
+            for i in np.flatnonzero(self._done):
+                episode_returns.append(float(self._episode_return[i]))
+                episode_lengths.append(int(self._episode_length[i]))
+                episode_envs.append(int(i))
+                self._episode_return[i] = 0.0
+                self._episode_length[i] = 0
+        if not self._compiled:
+            # The policy compiled on first use; what the compiler freed goes back to the OS.
+            self._compiled = True
+            release_freed_memory()
+        actions, extras = self._packer.unpack(acted)
+        trajectory = Trajectory(
+            obs=obs_buf, actions=actions, rewards=rewards, terminated=terminated,
+            truncated=truncated, valid=valid, extras=extras, last_obs=self._obs.copy(),
+        )
+        return RolloutBatch(policy_version, trajectory, episode_returns, episode_lengths,
+                            episode_envs)
+
+    def close(self) -> None:
+        self.env.close()

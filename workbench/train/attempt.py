@@ -1,0 +1,193 @@
+"""One attempt at a run on a reserved slice: its learners, its rollout actors, and how it
+ends (finished, stopped, or a chip lost)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+from workbench.learn import sync as sync_strategies
+from workbench.learn.platform import DistributedStartError
+from workbench.train.actors import ChipLearnerActor
+from workbench.train.cluster_state import kill_and_wait, wait_until_dead
+from workbench.train.plan import RunPlan
+from workbench.train.rollouts import RolloutKeeper
+
+log = logging.getLogger(__name__)
+
+# Rollout actors and evaluators never use a TPU: keep JAX on the CPU in their processes.
+CPU_ONLY = {"env_vars": {"JAX_PLATFORMS": "cpu"}}
+
+
+class ChipLost(RuntimeError):
+    """A learner of the slice died (killed, or its host was lost)."""
+
+
+def remote(cls, **options):
+    import ray
+
+    return ray.remote(**options)(cls) if options else ray.remote(cls)
+
+
+class Attempt:
+    """The learners (and rollout actors) of one attempt at a run on the slice."""
+
+    def __init__(self, tpu_slice, plan: RunPlan, board, number: int) -> None:
+        # Actors are named "<slice>:a<attempt>:learner-<rank>" and "...:rollout-<i>" so
+        # that a person (or a fault test) can find them with ray.get_actor.
+        self.prefix = f"{tpu_slice.name}:a{number}"
+        self.slice = tpu_slice
+        self.plan = plan
+        self.board = board
+        self.learners: list = []
+        self.keeper = None
+        self.runs: list = []
+        self.sync: str | None = None
+
+    def start(self, distributed_timeout_s: float, sync: str | None = None) -> dict:
+        """Start every chip's learner, join them, set up and compile. Returns rank 0's
+        setup (``start_update``, ``env_steps``). ``sync`` is the strategy resolved by an
+        earlier attempt; the first resolves it from the learners' platform."""
+        import ray
+
+        started = time.monotonic()
+        tpu_slice, config = self.slice, self.plan.config
+        num_chips = tpu_slice.num_chips
+        Learner = remote(ChipLearnerActor, num_cpus=1, resources={"TPU": 1}, max_concurrency=2)
+        self.learners = [
+            Learner.options(
+                scheduling_strategy=tpu_slice.scheduling(chip.rank),
+                name=f"{self.prefix}:learner-{chip.rank}",
+            ).remote(chip.rank, num_chips)
+            for chip in tpu_slice.chips
+        ]
+        feeds = self._start_rollouts()
+        coordinator = ray.get(self.learners[0].coordinator_address.remote(), timeout=120)
+        self.sync = sync or sync_strategies.resolve(
+            config.sync, ray.get(self.learners[0].platform.remote(), timeout=60)
+        )
+        log.info("learner 0 up after %.1f s", time.monotonic() - started)
+        self._join(coordinator, distributed_timeout_s)
+        log.info("jax.distributed joined after %.1f s", time.monotonic() - started)
+        setup = self.plan.learner_setup(num_chips, self.sync)
+        setups = ray.get([
+            lr.setup.remote(config, setup, config.mode, feed, self.board)
+            for lr, feed in zip(self.learners, feeds, strict=True)
+        ], timeout=600)
+        log.info("learners set up after %.1f s", time.monotonic() - started)
+        ray.get([lr.compile.remote() for lr in self.learners], timeout=600)
+        log.info("learners compiled after %.1f s", time.monotonic() - started)
+        return setups[0]
+
+    def _join(self, coordinator: str, timeout_s: float) -> None:
+        import ray
+
+        joins = [lr.join.remote(coordinator, timeout_s) for lr in self.learners]
+        ready, _ = ray.wait(joins, num_returns=len(joins), timeout=timeout_s + 30)
+        missing = [rank for rank, ref in enumerate(joins) if ref not in ready]
+        if missing:
+            raise DistributedStartError(
+                f"Learners of ranks {missing} (of {len(joins)}) did not join the "
+                f"jax.distributed group at {coordinator} within {timeout_s:g} s. Check that "
+                "their hosts are alive (wb.list_slices()) and retry, or raise "
+                "distributed_timeout_s."
+            )
+        ray.get(joins)
+
+    def _start_rollouts(self) -> list[tuple | None]:
+        """Each host's chips are split among its rollout actors; an actor sits in the
+        bundle of the first chip it feeds and serves its chips' learners in rank order.
+        A mode without host rollouts (Anakin) starts none."""
+        tpu_slice, plan = self.slice, self.plan
+        config = plan.config
+        if not plan.host_rollouts:
+            return [None] * tpu_slice.num_chips
+        per_host = config.rollout_actors_per_host
+        share = tpu_slice.shape.chips_per_host // per_host
+        agent = plan.agent(tpu_slice.num_chips)
+        specs = []
+        fed_by: dict[int, tuple[int, int]] = {}  # chip rank -> (actor index, its part)
+        for host in tpu_slice.hosts:
+            for k in range(per_host):
+                ranks = host.chips[k * share:(k + 1) * share]
+                index = len(specs)
+                options = dict(num_cpus=1, runtime_env=CPU_ONLY, max_concurrency=share,
+                               scheduling_strategy=tpu_slice.scheduling(ranks[0]),
+                               name=f"{self.prefix}:rollout-{index}")
+                args = (config.env, config.envs_per_chip, share, config.rollout_length,
+                        agent, config.seed, index)
+                for part, rank in enumerate(ranks):
+                    fed_by[rank] = (index, part)
+                specs.append((options, args))
+        self.keeper = remote(RolloutKeeper, num_cpus=0, max_concurrency=len(fed_by) + 1).options(
+            scheduling_strategy=tpu_slice.scheduling(0)
+        ).remote(specs)
+        return [(self.keeper, *fed_by[rank]) for rank in range(tpu_slice.num_chips)]
+
+    def launch(self) -> None:
+        self.runs = [lr.train.remote() for lr in self.learners]
+
+    def request_stop(self) -> None:
+        import ray
+
+        # Rank 0's flag reaches every chip through the update's own collective.
+        ray.get(self.learners[0].request_stop.remote(), timeout=30)
+
+    def finished(self, poll_s: float) -> bool:
+        """Whether every learner's loop has ended; raises ``ChipLost`` if one died."""
+        import ray
+
+        done, _ = ray.wait(self.runs, num_returns=len(self.runs), timeout=poll_s)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as error:
+                raise ChipLost(f"learner of rank {self.runs.index(ref)} died: {error}") from None
+            except ray.exceptions.RayTaskError as error:
+                lost = self._lost_learners()
+                if lost:
+                    raise ChipLost(f"learners {lost} died") from error
+                raise
+        return len(done) == len(self.runs)
+
+    def stop_within(self, grace_s: float) -> None:
+        """Ask the learners to stop after the current update and wait up to ``grace_s``."""
+        import ray
+
+        if self.runs:
+            with contextlib.suppress(Exception):
+                self.request_stop()
+                ray.wait(self.runs, num_returns=len(self.runs), timeout=grace_s)
+
+    def _lost_learners(self, answer_s: float = 10.0, death_s: float = 60.0) -> list[int]:
+        """Ranks of learners that are gone, after a collective failed.
+
+        A chip's loss shows first, in the others, as a failed collective; Ray marks the
+        lost learner dead only once its host misses enough health checks (tens of seconds
+        with Ray's defaults). Learners that still answer are alive; one that does not is
+        waited on until Ray lists it dead (or ``death_s`` passes, and it counts as lost)."""
+        import ray
+
+        pings = [lr.__ray_ready__.remote() for lr in self.learners]
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=answer_s)
+        silent = []
+        for rank, ping in enumerate(pings):
+            try:
+                if ping not in ready:
+                    silent.append(rank)
+                else:
+                    ray.get(ping)
+            except ray.exceptions.RayActorError:
+                silent.append(rank)
+        wait_until_dead([self.learners[rank]._actor_id.hex() for rank in silent], death_s)
+        return silent
+
+    def kill(self) -> None:
+        import ray
+
+        rollout_ids: list[str] = []
+        if self.keeper is not None:
+            with contextlib.suppress(Exception):
+                rollout_ids = ray.get(self.keeper.stop_all.remote(), timeout=10)
+        kill_and_wait(self.learners + ([self.keeper] if self.keeper else []), rollout_ids)

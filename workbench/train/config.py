@@ -1,0 +1,125 @@
+"""What a run learns and for how long. Where it runs is the reserved slice; the
+algorithm's hyperparameters are its own config dataclass, nested here."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from workbench.train.fields import ConfigError, check_finite, check_whole
+
+Mode = Literal["actors", "anakin"]
+Sync = Literal["auto", "gradients", "batch"]
+MAX_ENV_STEPS = 10**10
+MAX_SEED = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run: environment, algorithm, budget, and how it is laid out."""
+
+    env: str = "CartPole-v1"
+    """A registered gymnasium id (actors mode) or a JAX environment id (Anakin mode,
+    ``workbench.envs.jax_env_ids()``)."""
+    algo: str = "ppo"
+    """The algorithm's registered name (``workbench.algos.names()``)."""
+    algo_config: Any = None
+    """The algorithm's hyperparameters (its config dataclass); None for its defaults."""
+    mode: Mode = "actors"
+    """``actors``: gymnasium envs stepped by rollout actors on the hosts' CPUs.
+    ``anakin``: JAX envs stepped on each chip, rollout and update in one program."""
+    total_env_steps: int = 500_000
+    """Budget of environment steps over all chips."""
+    seed: int = 0
+    """Seeds everything through one key tree; same seed and slice, same curve."""
+    rollout_actors_per_host: int = 1
+    """Rollout actors on each host (actors mode); each feeds an equal share of its chips."""
+    envs_per_chip: int = 16
+    """Environments stepped for each chip's learner per rollout."""
+    rollout_length: int = 64
+    """Steps per environment in one rollout."""
+    eval_every: int = 5
+    """Updates between greedy evaluations (0: only the final one)."""
+    eval_episodes: int = 20
+    """Episodes per greedy evaluation."""
+    target_return: float | None = None
+    """Return both targets are measured against; None takes the env's own (its
+    ``reward_threshold``), and an env without one has no target."""
+    stop_at_target: bool = False
+    """End the run once the training target is reached (needs a target)."""
+    checkpoint_dir: str | None = None
+    """Where orbax checkpoints go; None for no checkpoints."""
+    checkpoint_every: int = 0
+    """Updates between checkpoints (a final one is always written when a dir is set)."""
+    resume: bool = False
+    """Continue from the latest checkpoint in ``checkpoint_dir``."""
+    sync: Sync = "auto"
+    """How chips stay equal: ``gradients`` (an all-reduce per minibatch), ``batch`` (gather
+    the batch once per update; one chip learns from it and hands the result to the
+    others), or ``auto``: ``batch`` for CPU learners (the simulated slice), ``gradients``
+    on TPUs."""
+    max_restarts: int = 2
+    """Times a run starts again on an intact slice after a learner or a host is lost,
+    from the last checkpoint in ``checkpoint_dir`` (from scratch without one)."""
+
+    @property
+    def steps_per_update(self) -> int:
+        """Env steps each chip learns from per update."""
+        return self.envs_per_chip * self.rollout_length
+
+    def num_updates(self, num_chips: int) -> int:
+        return max(1, self.total_env_steps // (self.steps_per_update * num_chips))
+
+    def algorithm(self):
+        """The registered :class:`~workbench.algos.Algorithm` named by ``algo``."""
+        from workbench import algos
+
+        return algos.get(self.algo)
+
+    def hyperparameters(self) -> Any:
+        """``algo_config``, or the algorithm's defaults when it is None."""
+        return self.algo_config if self.algo_config is not None else \
+            self.algorithm().default_config()
+
+    def validate(self) -> None:
+        """Raise :class:`~workbench.train.fields.ConfigError` (a ``ValueError``) naming the
+        first field that cannot work, with what is valid."""
+        from workbench.learn.modes import MODES
+        from workbench.learn.sync import CHOICES
+
+        if not isinstance(self.env, str) or not self.env:
+            raise ConfigError("env", f"must be a gymnasium id such as 'CartPole-v1', got "
+                                     f"{self.env!r}.")
+        for name in ("total_env_steps", "rollout_actors_per_host", "envs_per_chip",
+                     "rollout_length", "eval_episodes"):
+            check_whole(name, getattr(self, name), 1)
+        if self.total_env_steps > MAX_ENV_STEPS:
+            raise ConfigError("total_env_steps", f"={self.total_env_steps} is beyond any run "
+                                                 f"here (at most {MAX_ENV_STEPS:.0e}).")
+        for name in ("eval_every", "checkpoint_every", "seed", "max_restarts"):
+            check_whole(name, getattr(self, name), 0)
+        if self.seed > MAX_SEED:
+            raise ConfigError("seed", f"must be at most {MAX_SEED}, got {self.seed}.")
+        if self.resume and not self.checkpoint_dir:
+            raise ConfigError("resume", "=True needs checkpoint_dir: the run to continue from.")
+        if self.mode not in MODES:
+            raise ConfigError("mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}.")
+        if self.sync not in CHOICES:
+            raise ConfigError("sync", f"must be 'auto', 'gradients' or 'batch', got "
+                                      f"{self.sync!r}.")
+        if self.target_return is not None:
+            check_finite("target_return", self.target_return)
+        algorithm = self.algorithm()
+        hyperparameters = self.hyperparameters()
+        if not isinstance(hyperparameters, algorithm.config_type):
+            raise ConfigError(
+                "algo_config", f"for {algorithm.name} must be a "
+                f"{algorithm.config_type.__name__}, got {type(hyperparameters).__name__}."
+            )
+        validate = getattr(hyperparameters, "validate", None)
+        if callable(validate):
+            validate(self.steps_per_update)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)

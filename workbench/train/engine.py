@@ -1,0 +1,287 @@
+"""Training on a reserved slice: learners pinned one per chip, rollout actors beside them.
+
+The layer that places work. The driver (a notebook kernel or the CLI) starts the actors,
+then only watches: learners pull trajectories from their own rollout actors through the
+object store and push one metrics record per update to a small board actor. Which
+algorithm runs and which mode a chip learns in are data here (the run's plan); the
+engine imports neither by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import workbench.train.stops as stops
+from workbench.tpu.slice import Slice
+from workbench.train.attempt import CPU_ONLY, Attempt, ChipLost, remote
+from workbench.train.cluster_state import head_node_affinity, kill_and_wait
+from workbench.train.config import TrainConfig
+from workbench.train.metrics import MetricsBoard
+from workbench.train.plan import RunPlan, check_slice, plan_run
+from workbench.train.result import TrainResult
+from workbench.train.shipping import ship_by_value, user_code_of
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchOptions:
+    """How the driver watches and steers a run (the keyword arguments of :func:`train`)."""
+
+    on_update: Callable[[dict], None] | None = None
+    should_stop: Callable[[], bool] | None = None
+    poll_s: float = 0.5
+    distributed_timeout_s: float = 120.0
+    recover_timeout_s: float = 300.0
+    stop_grace_s: float = 4.0
+
+
+class _Run:
+    """One run on one slice, across attempts: the helpers, the attempts, the recovery and
+    the result, each a named step of :func:`train`."""
+
+    def __init__(self, tpu_slice: Slice, plan: RunPlan, options: WatchOptions) -> None:
+        self.slice = tpu_slice
+        self.plan = plan
+        self.options = options
+        self.stop_event = threading.Event()
+        self.started = time.monotonic()
+        self.helpers: list = []
+        self.attempt: Attempt | None = None
+        self.attempt_plan = plan
+        self.sync: str | None = None
+        self.restarts = 0
+        self.env_steps_redone = 0
+        self.recovery_s = 0.0
+        self.startup_s = 0.0
+        self.loop_start: float | None = None
+        self.seen = 0
+        self.last_env_steps = 0
+
+    # ---- step 1: the run-wide helpers, off the slice -----------------------------------
+
+    def start_helpers(self) -> None:
+        from workbench.train.actors import EvaluatorActor
+
+        config, plan = self.plan.config, self.plan
+        placement = {"scheduling_strategy": head_node_affinity()}
+        jax_env = plan.jax_env.make if plan.jax_env is not None else None
+        self.evaluator = remote(EvaluatorActor, num_cpus=0, runtime_env=CPU_ONLY).options(
+            **placement
+        ).remote(config.env, plan.agent(self.slice.num_chips), config.seed, jax_env)
+        self.evaluator_ready = self.evaluator.prepare.remote(config.eval_episodes)
+        target = plan.target_return
+        self.board = remote(MetricsBoard, num_cpus=0).options(**placement).remote(
+            self.slice.num_chips, target, config.eval_episodes, self.evaluator
+        )
+        self.helpers += [self.evaluator, self.board]
+
+    # ---- step 2: an attempt, watched until it ends ------------------------------------
+
+    def run_attempt(self) -> None:
+        """Start an attempt on the slice and watch it to its end.
+
+        Raises:
+            ChipLost: a learner (or its host) was lost.
+        """
+        import ray
+
+        self.attempt = Attempt(self.slice, self.attempt_plan, self.board, self.restarts)
+        setup = self.attempt.start(self.options.distributed_timeout_s, self.sync)
+        self.sync = self.attempt.sync
+        if self.restarts:
+            self.env_steps_redone += max(0, self.last_env_steps - setup["env_steps"])
+            self.seen = setup["start_update"]
+            ray.get(self.board.rewind.remote(self.seen))
+        else:
+            ray.get(self.evaluator_ready)
+            self.startup_s = time.monotonic() - self.started
+        self.attempt.launch()
+        self.loop_start = self.loop_start or time.time()
+        self._watch()
+
+    def _watch(self) -> None:
+        import ray
+
+        options, config = self.options, self.plan.config
+        stop_sent = False
+        while True:
+            finished = self.attempt.finished(options.poll_s)
+            snapshot = ray.get(self.board.snapshot.remote(self.seen))
+            for row in snapshot["updates"]:
+                self.seen = row["update"]
+                self.last_env_steps = row["env_steps"]
+                if options.on_update is not None:
+                    options.on_update(row)
+            wants_stop = (
+                self.stop_event.is_set()
+                or (options.should_stop is not None and options.should_stop())
+                or (config.stop_at_target and snapshot["train_target_update"] is not None)
+            )
+            if wants_stop and not stop_sent:
+                self.attempt.request_stop()
+                stop_sent = True
+            if finished:
+                return
+
+    # ---- step 3: recovery after a lost chip ---------------------------------------------
+
+    def recover(self, lost: ChipLost) -> None:
+        """Give the slice back, hold an intact one of the same shape, and resume from the
+        last checkpoint (from scratch without one).
+
+        Raises:
+            ChipLost: past ``max_restarts``.
+            SliceUnavailableError: no intact slice came back in time.
+        """
+        import workbench.train.checkpoint as checkpoint
+
+        config = self.plan.config
+        if self.restarts >= config.max_restarts:
+            raise ChipLost(
+                f"{lost} (after {self.restarts} restart(s), the most config.max_restarts "
+                "allows). Check the cluster's hosts with wb.list_slices()."
+            ) from lost
+        log.warning("%s; restarting on an intact slice", lost)
+        self.attempt.kill()
+        recovering = time.monotonic()
+        self.slice.recover(timeout_s=self.options.recover_timeout_s)
+        self.restarts += 1
+        has_checkpoint = bool(config.checkpoint_dir) and (
+            checkpoint.latest_step(config.checkpoint_dir) is not None
+        )
+        self.attempt_plan = dataclasses.replace(
+            self.plan, config=dataclasses.replace(config, resume=has_checkpoint)
+        )
+        self.recovery_s += time.monotonic() - recovering
+
+    # ---- step 4: the result -------------------------------------------------------------
+
+    def assemble_result(self) -> TrainResult:
+        import ray
+
+        attempt, config, tpu_slice = self.attempt, self.plan.config, self.slice
+        outcomes = ray.get(attempt.runs)
+        digests = ray.get([lr.digest.remote() for lr in attempt.learners])
+        final = ray.get(self.evaluator.evaluate.remote(outcomes[0]["params"],
+                                                       config.eval_episodes))
+        # Every chip's pushes were sent before its train() returned; read the history.
+        summary = ray.get(self.board.snapshot.remote(0, True))
+        rows = summary["updates"]
+        loop_end = max(r["time"] for r in rows) if rows else self.loop_start
+        wall_s = loop_end - self.loop_start
+        steps_run = sum(row["steps_this_update"] for row in rows)
+        return TrainResult(
+            env_steps=outcomes[0]["env_steps"],
+            wall_s=round(wall_s, 3),
+            final_return=float(np.mean(final)),
+            env_steps_per_s=round(steps_run / wall_s, 1) if wall_s > 0 else 0.0,
+            time_to_eval_target_s=_since(summary["eval_target_time"], self.loop_start),
+            time_to_train_target_s=_since(summary["train_target_time"], self.loop_start),
+            env_steps_to_train_target=summary["train_target_env_steps"],
+            startup_s=round(self.startup_s, 3),
+            generation=tpu_slice.shape.generation.name,
+            topology=tpu_slice.shape.topology,
+            chips=tpu_slice.num_chips,
+            hosts=tpu_slice.num_hosts,
+            mode=config.mode,
+            algo=self.plan.algorithm.name,
+            env=config.env,
+            sync=self.sync,
+            seed=config.seed,
+            updates=outcomes[0]["updates"],
+            checkpoint=outcomes[0]["checkpoint"],
+            target_return=self.plan.target_return,
+            restarts=self.restarts,
+            env_steps_redone=self.env_steps_redone,
+            recovery_s=round(self.recovery_s, 3),
+            rollout_actors_replaced=max(o["rollouts_replaced"] for o in outcomes),
+            chip_state_digests=digests,
+            curve=rows,
+            params=outcomes[0]["params"],
+            agent=self.plan.agent(tpu_slice.num_chips),
+        )
+
+    def close(self) -> None:
+        if self.attempt is not None:
+            self.attempt.kill()
+        kill_and_wait(self.helpers)
+
+
+def train(
+    tpu_slice: Slice,
+    config: TrainConfig | None = None,
+    *,
+    on_update: Callable[[dict], None] | None = None,
+    poll_s: float = 0.5,
+    distributed_timeout_s: float = 120.0,
+    should_stop: Callable[[], bool] | None = None,
+    recover_timeout_s: float = 300.0,
+    stop_grace_s: float = 4.0,
+) -> TrainResult:
+    """Train on every chip of a reserved slice, blocking until the run ends.
+
+    A run survives the loss of a rollout actor (it is replaced; only its batch in flight
+    is lost) and of a learner or a host (the slice is given back, an intact one of the
+    same shape is reserved in its place on the same handle, and the run carries on from
+    the last checkpoint; ``config.max_restarts`` times at most). An interrupt (Ctrl-C,
+    a notebook's KeyboardInterrupt, interpreter exit) stops it within ``stop_grace_s``
+    after the current update, with a final checkpoint, and re-raises. For a run in the
+    background with progress callbacks, use :class:`workbench.train.run.TrainingRun`.
+
+    Args:
+        tpu_slice: a slice from :func:`workbench.reserve` (``cpus_per_chip`` at least 2
+            in actors mode: a learner and, in some bundles, a rollout actor).
+        config: what to learn; defaults to PPO on CartPole-v1 for 500k env steps.
+        on_update: called on the driver with each new update's aggregated metrics (after a
+            restart, the updates redone from the checkpoint come again).
+        poll_s: how often the driver reads the metrics board.
+        distributed_timeout_s: deadline for the learners to form one jax.distributed group.
+        should_stop: polled with the metrics; returning True ends training cleanly after the
+            current update (with a final checkpoint).
+        recover_timeout_s: how long to wait for an intact slice after a lost host.
+        stop_grace_s: how long an interrupted run may take to stop cleanly.
+
+    Returns:
+        The run's :class:`~workbench.train.result.TrainResult`.
+
+    Raises:
+        ValueError: a config, environment or slice that cannot work (nothing is started).
+        DistributedStartError: the learners did not join in time; names the missing ranks.
+        ChipLost: learners were lost more than ``config.max_restarts`` times.
+        SliceUnavailableError: no intact slice came back after a loss.
+    """
+    plan = plan_run(config or TrainConfig())
+    check_slice(plan, tpu_slice)
+    ship_by_value(user_code_of(plan))
+    options = WatchOptions(on_update, should_stop, poll_s, distributed_timeout_s,
+                           recover_timeout_s, stop_grace_s)
+    run = _Run(tpu_slice, plan, options)
+    with stops.registered(run.stop_event):
+        try:
+            run.start_helpers()
+            while True:
+                try:
+                    run.run_attempt()
+                    break
+                except ChipLost as lost:
+                    run.recover(lost)
+                except KeyboardInterrupt:
+                    # NOTE: stop after the current update (rank 0 writes a final
+                    # checkpoint), within the grace period; a second interrupt ends it.
+                    if run.attempt is not None:
+                        run.attempt.stop_within(stop_grace_s)
+                    raise
+            return run.assemble_result()
+        finally:
+            run.close()
+
+
+def _since(t: float | None, start: float) -> float | None:
+    return None if t is None else round(t - start, 3)

@@ -1,0 +1,161 @@
+"""Everything about a run that can be decided on the driver before anything starts: the
+algorithm and its hyperparameters, the environment's spaces, the target, and whether the
+slice can carry the layout. A run that cannot work is refused here, naming why."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.algos.base import Algorithm, Spaces
+from workbench.learn.learner import AgentSpec, LearnerSetup
+from workbench.learn.modes import learner_class
+from workbench.train.config import TrainConfig
+from workbench.train.fields import ConfigError
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A validated run, ready to be laid out on a slice."""
+
+    config: TrainConfig
+    algorithm: Algorithm
+    hyperparameters: Any
+    spaces: Spaces
+    target_return: float | None
+    host_rollouts: bool
+    """Whether rollout actors run on the hosts' CPUs (actors mode)."""
+    jax_env: Any = None
+    """The JAX environment's registry entry: what Anakin learners step, or what the
+    evaluator runs as one program when a gymnasium id is a JAX env's view."""
+
+    def agent(self, num_chips: int) -> AgentSpec:
+        return AgentSpec(self.algorithm, self.hyperparameters, self.spaces,
+                         self.config.num_updates(num_chips))
+
+    def learner_setup(self, num_chips: int, sync: str) -> LearnerSetup:
+        config = self.config
+        return LearnerSetup(
+            agent=self.agent(num_chips),
+            seed=config.seed,
+            sync=sync,
+            envs_per_chip=config.envs_per_chip,
+            rollout_length=config.rollout_length,
+            jax_env=self.jax_env.make if self.jax_env is not None else None,
+        )
+
+
+def plan_run(config: TrainConfig) -> RunPlan:
+    """Validate ``config`` and resolve what the run needs.
+
+    Raises:
+        ValueError: a field that cannot work, an unknown or unsupported environment, or an
+            algorithm that cannot learn it; nothing has been started.
+    """
+    config.validate()
+    learner = learner_class(config.mode)
+    if learner.env_kind == "jax":
+        entry = _jax_env_entry(config.env)
+        env = entry.make()
+        spaces = Spaces(tuple(env.observation_shape), "discrete",
+                        num_actions=int(env.num_actions))
+    else:
+        spaces = _gymnasium_spaces(config.env)
+        entry = _jax_view(config.env)
+    target = _target(config)
+    algorithm = config.algorithm()
+    hyperparameters = config.hyperparameters()
+    algorithm.check(hyperparameters, spaces, config.env, config.steps_per_update)
+    return RunPlan(config, algorithm, hyperparameters, spaces, target,
+                   learner.host_rollouts, entry)
+
+
+def check_slice(plan: RunPlan, tpu_slice) -> None:
+    """Refuse a layout the reserved slice cannot carry.
+
+    Raises:
+        ValueError: a released slice, a rollout-actor count that does not divide a host's
+            chips, or too few CPUs per chip for a learner and a rollout actor.
+    """
+    config = plan.config
+    if tpu_slice.released:
+        raise ValueError("This slice has been released; reserve a slice and train on that.")
+    if not plan.host_rollouts:
+        return
+    chips_per_host = tpu_slice.shape.chips_per_host
+    if chips_per_host % config.rollout_actors_per_host:
+        raise ConfigError(
+            "rollout_actors_per_host",
+            f"={config.rollout_actors_per_host} does not divide the {chips_per_host} chips "
+            f"of a {tpu_slice.shape.label} host; use a divisor of {chips_per_host}.",
+        )
+    if tpu_slice.cpus_per_chip < 2:
+        raise ValueError(
+            f"Each chip's bundle has {tpu_slice.cpus_per_chip} CPU(s); a learner and a "
+            "rollout actor placed beside it need 2: reserve with cpus_per_chip=2."
+        )
+
+
+def _target(config: TrainConfig) -> float | None:
+    from workbench.envs import target_return
+
+    target = config.target_return
+    if target is None:
+        target = target_return(_registered_id(config.env))
+    if target is None and config.stop_at_target:
+        raise ConfigError(
+            "stop_at_target",
+            f"needs a target, and {config.env} has no reward_threshold: set target_return "
+            "(--target-return) to the mean return that counts as solved.",
+        )
+    return target
+
+
+def _registered_id(env_id: str) -> str:
+    return env_id.split(":", 1)[1] if ":" in env_id else env_id
+
+
+def _jax_env_entry(env_id: str):
+    from workbench.envs import jax_env_entry, jax_env_ids
+
+    try:
+        return jax_env_entry(env_id)
+    except ValueError:
+        raise ValueError(
+            f"Anakin mode steps JAX environments on the chip, and {env_id!r} is not one. "
+            f"JAX environments: {', '.join(jax_env_ids())}. Use one of them (or register "
+            "yours with workbench.envs.register), or mode='actors' for any gymnasium "
+            "environment."
+        ) from None
+
+
+def _jax_view(env_id: str):
+    """The JAX env behind a gymnasium id, when the id is one of the JAX envs' views."""
+    from workbench.envs import jax_env_entry, jax_env_ids
+
+    return jax_env_entry(env_id) if env_id in jax_env_ids() else None
+
+
+def _gymnasium_spaces(env_id: str) -> Spaces:
+    import gymnasium as gym
+
+    from workbench.learn.rollout import env_spaces
+
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ValueError(
+                f"Environment {env_id!r}: its module {module!r} cannot be imported ({error})."
+            ) from None
+    if name not in gym.registry:
+        close = difflib.get_close_matches(name, list(gym.registry), n=5, cutoff=0.6)
+        hint = f" Similar ids: {', '.join(close)}." if close else ""
+        raise ValueError(
+            f"Unknown environment {env_id!r}: not registered with gymnasium.{hint} "
+            "Use a registered id (e.g. 'CartPole-v1') or register yours first."
+        )
+    return env_spaces(env_id)
