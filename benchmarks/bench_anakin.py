@@ -57,11 +57,11 @@ def single_worker(seed: int, total_env_steps: int) -> Record:
     from workbench.learn.platform import configure_jax_platform
 
     configure_jax_platform("cpu")
+    from workbench.engine import TrainConfig
+    from workbench.engine.metrics import MetricsLog, UpdateRecord
+    from workbench.engine.plan import plan_run
     from workbench.learn.anakin import AnakinLearner
     from workbench.learn.evaluation import GreedyEvaluator
-    from workbench.train import TrainConfig
-    from workbench.train.metrics import MetricsLog, UpdateRecord
-    from workbench.train.plan import plan_run
 
     imports_s = process_age_s()
     # The same global batch as the slice's 4 chips x 16 envs, on one device.

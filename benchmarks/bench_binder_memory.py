@@ -44,8 +44,8 @@ import numpy as np
 from workbench.learn.actors_mode import BatchLearner, LocalSource
 from workbench.learn.evaluation import GreedyEvaluator
 from workbench.learn.rollout import RolloutWorker
-from workbench.train import TrainConfig
-from workbench.train.plan import plan_run
+from workbench.engine import TrainConfig
+from workbench.engine.plan import plan_run
 
 # The quickstart's run on a 2x2 slice: 4 chips' worth of environments, same budget.
 config = TrainConfig(env="CartPole-v1", total_env_steps=total_env_steps, seed=seed,

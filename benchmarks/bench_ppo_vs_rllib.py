@@ -428,7 +428,7 @@ def rllib_worker(seed: int, max_env_steps: int, eval_every: int) -> Record:
 def workbench_worker(seed: int, total_env_steps: int, mode: str = "actors",
                      env: str = "CartPole-v1") -> Record:
     import workbench as wb
-    from workbench.train import TrainConfig, train
+    from workbench.engine import TrainConfig, train
 
     imports_s = process_age_s()
     code = code_revision()

@@ -32,7 +32,7 @@ from collections.abc import Callable
 import psutil
 
 import workbench as wb
-from workbench.train import TrainConfig, train
+from workbench.engine import TrainConfig, train
 
 GENERATION, TOPOLOGY = "v6e", "2x2"
 CPUS_PER_CHIP = 2

@@ -16,8 +16,8 @@ from conftest import live_actors
 
 from workbench.algos.networks import ActorCritic
 from workbench.algos.ppo import PPOConfig, make_act
-from workbench.train import TrainConfig
-from workbench.train.plan import plan_run
+from workbench.engine import TrainConfig
+from workbench.engine.plan import plan_run
 
 
 def _catch_rollout(steps: int):
@@ -75,7 +75,7 @@ def test_same_seed_same_learning_and_catch_learned_to_its_optimum():
 
 def test_anakin_refuses_an_env_that_is_not_jax(cluster):
     import workbench as wb
-    from workbench.train import train
+    from workbench.engine import train
 
     actors_before = set(live_actors())
     with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice, \
@@ -161,7 +161,7 @@ class Corridor:
 
 def test_a_jax_env_registered_by_the_user_trains_in_anakin_mode(cluster):
     import workbench as wb
-    from workbench.train import train
+    from workbench.engine import train
 
     wb.envs.register("test/Corridor-v0", Corridor, reward_threshold=0.95, replace=True)
     assert "test/Corridor-v0" in wb.envs.jax_env_ids()

@@ -14,8 +14,8 @@ import pytest
 from conftest import live_actors
 
 import workbench as wb
-from workbench.train import TrainConfig, train
-from workbench.train.checkpoint import CheckpointError, require_checkpoint
+from workbench.engine import TrainConfig, train
+from workbench.engine.checkpoint import CheckpointError, require_checkpoint
 
 WORKBENCH = str(Path(sys.executable).with_name("workbench"))
 V6E_TOPOLOGIES = "Valid v6e topologies: 1x1, 2x2, 2x4"
@@ -390,7 +390,7 @@ def test_a_run_file_and_flags_make_one_config(tmp_path):
 def test_every_config_field_is_a_flag_with_its_docstring_as_help():
     from workbench import cli
     from workbench.algos.ppo import PPOConfig
-    from workbench.train.fields import fields
+    from workbench.engine.fields import fields
 
     done = subprocess.run([WORKBENCH, "train", "--help"], capture_output=True, text=True,
                           timeout=60)

@@ -16,8 +16,8 @@ import workbench as wb
 from workbench.algos import DISCRETE, Agent, Algorithm
 from workbench.algos import ppo as ppo_module
 from workbench.algos.networks import ActorCritic
+from workbench.engine import TrainConfig, checkpoint, train
 from workbench.tpu.placement import tpu_process_environment
-from workbench.train import TrainConfig, checkpoint, train
 
 # 4 chips x 8 envs x 32 steps = 1024 env steps per update: 3 updates.
 SMALL = dict(total_env_steps=3 * 1024, envs_per_chip=8, rollout_length=32, eval_every=1,

@@ -14,7 +14,7 @@ import ray
 from conftest import live_actors
 
 import workbench as wb
-from workbench.train import TrainConfig, checkpoint, train
+from workbench.engine import TrainConfig, checkpoint, train
 
 ANAKIN_CARTPOLE = dict(env="workbench/CartPole-v1", mode="anakin", total_env_steps=600_000,
                        stop_at_target=True, eval_every=0)

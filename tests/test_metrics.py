@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench.train.metrics import MetricsLog, UpdateRecord
+from workbench.engine.metrics import MetricsLog, UpdateRecord
 
 
 def _record(update: int, rank: int, returns: list[float] | None = None) -> UpdateRecord:

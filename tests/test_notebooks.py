@@ -17,8 +17,8 @@ from conftest import live_actors, live_placement_groups
 
 import workbench as wb
 from workbench import ui
+from workbench.engine import TrainConfig, checkpoint
 from workbench.tpu.catalog import CatalogError
-from workbench.train import TrainConfig, checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -209,7 +209,7 @@ def test_picker_reserves_shows_contention_and_releases(cluster):
 KERNEL_TRAINS = """
 import workbench as wb
 from workbench import ui
-from workbench.train import TrainConfig
+from workbench.engine import TrainConfig
 
 wb.connect({address!r}, node_ip={node_ip!r})
 tpu_slice = wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2)

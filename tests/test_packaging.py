@@ -32,7 +32,7 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_the_wheel_holds_the_layers_the_envs_and_the_license(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    for package in ("workbench/tpu", "workbench/train", "workbench/learn", "workbench/algos",
+    for package in ("workbench/tpu", "workbench/engine", "workbench/learn", "workbench/algos",
                     "workbench/ui", "workbench/envs"):
         assert f"{package}/__init__.py" in names, f"{package} is not in the wheel"
     assert "workbench/envs/cartpole.py" in names

@@ -84,10 +84,10 @@ def test_clipping_stops_the_policy_gradient_beyond_the_trust_region():
 
 
 def test_in_process_learner_steps_and_keeps_shapes():
+    from workbench.engine import TrainConfig
+    from workbench.engine.plan import plan_run
     from workbench.learn.actors_mode import BatchLearner, LocalSource
     from workbench.learn.rollout import RolloutWorker
-    from workbench.train import TrainConfig
-    from workbench.train.plan import plan_run
 
     setup = plan_run(TrainConfig(env="CartPole-v1", envs_per_chip=4, rollout_length=32,
                                  total_env_steps=10 * 128)).learner_setup(1, "gradients")
@@ -116,9 +116,9 @@ def test_in_process_learner_steps_and_keeps_shapes():
 
 
 def test_a_shared_rollout_splits_columns_and_episodes_between_learners():
+    from workbench.engine import TrainConfig
+    from workbench.engine.plan import plan_run
     from workbench.learn.rollout import RolloutWorker
-    from workbench.train import TrainConfig
-    from workbench.train.plan import plan_run
 
     agent = plan_run(TrainConfig(env="CartPole-v1")).agent(1)
     worker = RolloutWorker("CartPole-v1", num_envs=6, rollout_length=40, agent=agent, seed=3)

@@ -8,14 +8,13 @@ The few names a notebook needs::
         result = wb.train(tpu_slice, wb.TrainConfig(env="CartPole-v1"))
 
 The layers are packages: :mod:`workbench.tpu` (where chips come from),
-:mod:`workbench.train` (a run on a slice), :mod:`workbench.learn` (what a chip runs),
+:mod:`workbench.engine` (a run on a slice), :mod:`workbench.learn` (what a chip runs),
 :mod:`workbench.algos` (the math), :mod:`workbench.envs` and :mod:`workbench.ui`.
 """
 
 from __future__ import annotations
 
 from importlib import metadata as _metadata
-from typing import TYPE_CHECKING
 
 from workbench import algos as algos
 from workbench import envs as envs  # registers the workbench/* ids with gymnasium
@@ -40,21 +39,7 @@ try:
 except _metadata.PackageNotFoundError:  # a checkout on sys.path without an install
     __version__ = "0+unknown"
 
-if TYPE_CHECKING:
-    from workbench.train import TrainConfig, TrainingRun, TrainResult, start_run, train
-
-# The train layer loads on first use, so `import workbench` (and every process Ray starts
-# that unpickles a workbench class) stays light.
-_LAZY = {"TrainConfig", "TrainResult", "TrainingRun", "start_run", "train"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import workbench.train
-
-        return getattr(workbench.train, name)
-    raise AttributeError(f"module 'workbench' has no attribute {name!r}")
-
+from workbench.engine import TrainConfig, TrainingRun, TrainResult, start_run, train
 
 __all__ = [
     "CatalogError",

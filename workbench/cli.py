@@ -1,7 +1,7 @@
 """The ``workbench`` command line; each subcommand is a thin call into the Python API.
 
 ``workbench train``'s flags are derived from the configs: every field of
-:class:`~workbench.train.TrainConfig` and of the chosen algorithm's config dataclass is a
+:class:`~workbench.engine.TrainConfig` and of the chosen algorithm's config dataclass is a
 flag, with its docstring as help and its default. A run can also come from a YAML or JSON
 file (``--config run.yaml``), which flags override.
 """
@@ -81,7 +81,7 @@ def _table(rows: list[list[str]]) -> str:
 # ---- flags derived from config dataclasses ----------------------------------------------
 
 def _field_type(info) -> Callable[[str], Any]:
-    from workbench.train.fields import ConfigError, parse_text
+    from workbench.engine.fields import ConfigError, parse_text
 
     def parse(text: str) -> Any:
         try:
@@ -100,7 +100,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, dest_prefix: st
     Flags default to "not given", so that a config file's values stand unless a flag
     overrides them; ``dest`` is ``<dest_prefix><field>``.
     """
-    from workbench.train.fields import fields
+    from workbench.engine.fields import fields
 
     group = parser.add_argument_group(title) if title else parser
     for info in fields(cls).values():
@@ -140,7 +140,7 @@ def _algorithm_for(argv: list[str]):
     """The algorithm whose flags ``workbench train`` offers: ``--algo``, else the config
     file's ``algo``, else the default. An unknown name is reported after parsing."""
     from workbench import algos
-    from workbench.train import TrainConfig
+    from workbench.engine import TrainConfig
 
     name = _prescan(argv, "--algo")
     if name is None:
@@ -190,8 +190,8 @@ def train_config_from(args: argparse.Namespace, algorithm) -> tuple[Any, SliceSh
         ValueError: an unknown key or a value of the wrong type (naming it), or a run
             file for another algorithm than ``--algo``.
     """
-    from workbench.train import TrainConfig
-    from workbench.train.fields import ConfigError, fields, from_mapping, unknown_field
+    from workbench.engine import TrainConfig
+    from workbench.engine.fields import ConfigError, fields, from_mapping, unknown_field
 
     given = vars(args)
     from_file = read_run_file(args.config) if getattr(args, "config", None) else {}
@@ -277,14 +277,14 @@ def _cluster_address(args: argparse.Namespace) -> str | None:
 
 def _check_before_start(args: argparse.Namespace, config, shape: SliceShape):
     """Refuse, before any cluster starts, what would only fail once one is up."""
-    from workbench.train.plan import plan_run
+    from workbench.engine.plan import plan_run
 
     address = _cluster_address(args)
     if address:
         parse_address(address)
     plan = plan_run(config)
     if config.resume:
-        from workbench.train.checkpoint import require_checkpoint
+        from workbench.engine.checkpoint import require_checkpoint
 
         require_checkpoint(config.checkpoint_dir)
     json_path = getattr(args, "json", None)
@@ -311,9 +311,9 @@ def _run_training(args: argparse.Namespace, config, shape: SliceShape) -> tuple[
 
     from tqdm import tqdm
 
+    from workbench.engine.run import TrainingRun
     from workbench.tpu.cluster import connect, local_cluster
     from workbench.tpu.slice import reserve
-    from workbench.train.run import TrainingRun
 
     cpus_per_chip = 2  # the learner's CPU, and room for a rollout actor beside it
     with contextlib.ExitStack() as stack:
@@ -360,7 +360,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from workbench.train import TrainConfig
+    from workbench.engine import TrainConfig
 
     shape = parse_shape(args.generation, args.topology)
     config = TrainConfig(total_env_steps=args.total_env_steps, seed=args.seed,
@@ -382,7 +382,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The whole command line; ``argv`` picks which algorithm's flags ``train`` offers."""
     import workbench
     from workbench import algos
-    from workbench.train import TrainConfig
+    from workbench.engine import TrainConfig
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _Parser(
@@ -440,7 +440,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 def _one_line(error: BaseException, flags: set[str]) -> str:
     """The error as one line; a config field's error also names its flag."""
-    from workbench.train.fields import ConfigError
+    from workbench.engine.fields import ConfigError
 
     if (isinstance(error, ConfigError) and error.field in flags
             and not error.problem.startswith("=")):
@@ -450,16 +450,16 @@ def _one_line(error: BaseException, flags: set[str]) -> str:
 
 def _flag_fields(argv: list[str]) -> set[str]:
     """The config fields that ``workbench train`` offers as flags for this command line."""
-    from workbench.train import TrainConfig
-    from workbench.train.fields import fields
+    from workbench.engine import TrainConfig
+    from workbench.engine.fields import fields
 
     return (set(fields(TrainConfig)) | set(fields(_algorithm_for(argv).config_type))) - \
         set(NOT_FLAGS)
 
 
 def main(argv: list[str] | None = None) -> int:
+    from workbench.engine.attempt import ChipLost
     from workbench.learn.platform import DistributedStartError
-    from workbench.train.attempt import ChipLost
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)

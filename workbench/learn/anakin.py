@@ -100,7 +100,7 @@ class AnakinLearner(ChipLearner):
     """One chip's learner in Anakin mode: its own JAX envs, rollout and update on the chip.
 
     In one process it uses the local devices (one CPU device, or a host's chips); run by
-    the train layer as one Ray actor per chip after ``jax.distributed`` has joined the
+    the engine layer as one Ray actor per chip after ``jax.distributed`` has joined the
     slice, its mesh spans every chip.
     """
 

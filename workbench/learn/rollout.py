@@ -1,6 +1,6 @@
 """Stepping gymnasium vector environments with the current policy, on host CPUs.
 
-``RolloutWorker`` is a plain class: the train layer runs it inside a Ray actor beside the
+``RolloutWorker`` is a plain class: the engine layer runs it inside a Ray actor beside the
 chips' learners, and tests run it in-process. Acting is the algorithm's own ``act``,
 jitted on the CPU; the worker never touches a TPU and knows no algorithm by name.
 """

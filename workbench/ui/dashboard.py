@@ -1,8 +1,8 @@
 """The training dashboard: live curves of a run that trains in the background.
 
 ``start_training(slice, config)`` shows a :class:`TrainingDashboard` over a run handle
-(:class:`workbench.train.run.TrainingRun`, training in a thread, so the kernel stays free to
-handle the Stop button); ``run.wait()`` gives the :class:`~workbench.train.TrainResult`. The
+(:class:`workbench.engine.run.TrainingRun`, training in a thread, so the kernel stays free to
+handle the Stop button); ``run.wait()`` gives the :class:`~workbench.engine.TrainResult`. The
 dashboard only observes the run and forwards its Stop button to ``run.stop()``.
 
 NOTE: the training thread updates widgets only by assigning traits (values, PNG bytes);
@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from workbench.train.run import TrainingRun
+from workbench.engine.run import TrainingRun
 
 if TYPE_CHECKING:
+    from workbench.engine import TrainConfig, TrainResult
     from workbench.tpu.slice import Slice
-    from workbench.train import TrainConfig, TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def summary_html(result: TrainResult, stopped: bool = False) -> str:
     """A run's result as a two-column HTML table.
 
     Args:
-        result: what :func:`workbench.train.train` returned.
+        result: what :func:`workbench.engine.train` returned.
         stopped: the run was stopped before its budget; said in the caption.
 
     Returns:
@@ -265,7 +265,7 @@ class TrainingDashboard(widgets.VBox):
 
 
 class DashboardRun(TrainingRun):
-    """A :class:`~workbench.train.run.TrainingRun` watched by a :class:`TrainingDashboard`;
+    """A :class:`~workbench.engine.run.TrainingRun` watched by a :class:`TrainingDashboard`;
     its :meth:`wait` also leaves a static figure and a summary table in the cell."""
 
     def __init__(self, tpu_slice: Slice, config: TrainConfig | None, dashboard: TrainingDashboard,
@@ -281,7 +281,7 @@ class DashboardRun(TrainingRun):
     def wait(self, timeout_s: float | None = None, *, show_summary: bool = True,
              interrupt_grace_s: float = 30.0) -> TrainResult:
         """Block until training ends and return its result (see
-        :meth:`TrainingRun.wait <workbench.train.run.TrainingRun.wait>`).
+        :meth:`TrainingRun.wait <workbench.engine.run.TrainingRun.wait>`).
 
         Args:
             timeout_s: give up waiting after this long (training goes on).
@@ -326,7 +326,7 @@ def start_training(
         show: display the dashboard in the current cell.
         release_slice: release the slice when training ends (finished, stopped or failed).
         title: the dashboard's heading; by default the shape and environment.
-        **train_kwargs: passed on to :func:`workbench.train.engine.train`.
+        **train_kwargs: passed on to :func:`workbench.engine.driver.train`.
 
     Returns:
         The running :class:`DashboardRun`.
@@ -334,7 +334,7 @@ def start_training(
     Raises:
         ValueError: a config that cannot work, or a released slice (nothing is started).
     """
-    from workbench.train import TrainConfig
+    from workbench.engine import TrainConfig
 
     config = config or TrainConfig()
     dashboard = TrainingDashboard(

@@ -1,6 +1,6 @@
 """A training run in the background: start it, watch its progress, stop it, wait for it.
 
-``TrainingRun`` runs :func:`workbench.train.engine.train` in a thread, so the caller (a
+``TrainingRun`` runs :func:`workbench.engine.driver.train` in a thread, so the caller (a
 notebook kernel, the CLI) stays free. Observers register callbacks; the handle itself
 knows nothing of widgets or terminals, and the dashboard and ``workbench train`` are both
 observers of the same handle.
@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from workbench.train.config import TrainConfig
-from workbench.train.result import TrainResult
+from workbench.engine.config import TrainConfig
+from workbench.engine.result import TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class TrainingRun:
         tpu_slice: a reserved slice.
         config: what to learn (the engine's default when None).
         release_slice: release the slice when training ends (finished, stopped or failed).
-        **train_kwargs: passed on to :func:`workbench.train.engine.train` (``poll_s``,
+        **train_kwargs: passed on to :func:`workbench.engine.driver.train` (``poll_s``,
             ``recover_timeout_s``...).
 
     Raises:
@@ -39,7 +39,7 @@ class TrainingRun:
 
     def __init__(self, tpu_slice, config: TrainConfig | None = None, *,
                  release_slice: bool = False, **train_kwargs: Any) -> None:
-        from workbench.train.plan import check_slice, plan_run
+        from workbench.engine.plan import check_slice, plan_run
 
         self.config = config or TrainConfig()
         # Fail in the calling cell, not later in the thread.
@@ -160,7 +160,7 @@ class TrainingRun:
             _call(callback, row)
 
     def _run(self) -> None:
-        from workbench.train.engine import train
+        from workbench.engine.driver import train
 
         try:
             self.result = train(self.tpu_slice, self.config, on_update=self._on_row,

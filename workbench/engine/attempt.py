@@ -7,12 +7,12 @@ import contextlib
 import logging
 import time
 
+from workbench.engine.actors import ChipLearnerActor
+from workbench.engine.cluster_state import kill_and_wait, wait_until_dead
+from workbench.engine.plan import RunPlan
+from workbench.engine.rollouts import RolloutKeeper
 from workbench.learn import sync as sync_strategies
 from workbench.learn.platform import DistributedStartError
-from workbench.train.actors import ChipLearnerActor
-from workbench.train.cluster_state import kill_and_wait, wait_until_dead
-from workbench.train.plan import RunPlan
-from workbench.train.rollouts import RolloutKeeper
 
 log = logging.getLogger(__name__)
 

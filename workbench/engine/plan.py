@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.algos.base import Algorithm, Spaces
+from workbench.engine.config import TrainConfig
+from workbench.engine.fields import ConfigError
 from workbench.learn.learner import AgentSpec, LearnerSetup
 from workbench.learn.modes import learner_class
-from workbench.train.config import TrainConfig
-from workbench.train.fields import ConfigError
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-import workbench.train.stops as stops
+from workbench.engine.attempt import CPU_ONLY, Attempt, ChipLost, remote
+from workbench.engine.cluster_state import head_node_affinity, kill_and_wait
+from workbench.engine.config import TrainConfig
+from workbench.engine.metrics import MetricsBoard
+from workbench.engine.plan import RunPlan, check_slice, plan_run
+from workbench.engine.result import TrainResult
+from workbench.engine.shipping import ship_by_value, user_code_of
+from workbench.engine.stops import registered
 from workbench.tpu.slice import Slice
-from workbench.train.attempt import CPU_ONLY, Attempt, ChipLost, remote
-from workbench.train.cluster_state import head_node_affinity, kill_and_wait
-from workbench.train.config import TrainConfig
-from workbench.train.metrics import MetricsBoard
-from workbench.train.plan import RunPlan, check_slice, plan_run
-from workbench.train.result import TrainResult
-from workbench.train.shipping import ship_by_value, user_code_of
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class _Run:
     # ---- step 1: the run-wide helpers, off the slice -----------------------------------
 
     def start_helpers(self) -> None:
-        from workbench.train.actors import EvaluatorActor
+        from workbench.engine.actors import EvaluatorActor
 
         config, plan = self.plan.config, self.plan
         placement = {"scheduling_strategy": head_node_affinity()}
@@ -140,7 +140,7 @@ class _Run:
             ChipLost: past ``max_restarts``.
             SliceUnavailableError: no intact slice came back in time.
         """
-        import workbench.train.checkpoint as checkpoint
+        from workbench.engine.checkpoint import latest_step
 
         config = self.plan.config
         if self.restarts >= config.max_restarts:
@@ -154,7 +154,7 @@ class _Run:
         self.slice.recover(timeout_s=self.options.recover_timeout_s)
         self.restarts += 1
         has_checkpoint = bool(config.checkpoint_dir) and (
-            checkpoint.latest_step(config.checkpoint_dir) is not None
+            latest_step(config.checkpoint_dir) is not None
         )
         self.attempt_plan = dataclasses.replace(
             self.plan, config=dataclasses.replace(config, resume=has_checkpoint)
@@ -233,7 +233,7 @@ def train(
     the last checkpoint; ``config.max_restarts`` times at most). An interrupt (Ctrl-C,
     a notebook's KeyboardInterrupt, interpreter exit) stops it within ``stop_grace_s``
     after the current update, with a final checkpoint, and re-raises. For a run in the
-    background with progress callbacks, use :class:`workbench.train.run.TrainingRun`.
+    background with progress callbacks, use :class:`workbench.engine.run.TrainingRun`.
 
     Args:
         tpu_slice: a slice from :func:`workbench.reserve` (``cpus_per_chip`` at least 2
@@ -249,7 +249,7 @@ def train(
         stop_grace_s: how long an interrupted run may take to stop cleanly.
 
     Returns:
-        The run's :class:`~workbench.train.result.TrainResult`.
+        The run's :class:`~workbench.engine.result.TrainResult`.
 
     Raises:
         ValueError: a config, environment or slice that cannot work (nothing is started).
@@ -263,7 +263,7 @@ def train(
     options = WatchOptions(on_update, should_stop, poll_s, distributed_timeout_s,
                            recover_timeout_s, stop_grace_s)
     run = _Run(tpu_slice, plan, options)
-    with stops.registered(run.stop_event):
+    with registered(run.stop_event):
         try:
             run.start_helpers()
             while True:

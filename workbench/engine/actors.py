@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 import time
 
+from workbench.engine.config import TrainConfig
+from workbench.engine.metrics import UpdateRecord
 from workbench.learn.heap import release_freed_memory
 from workbench.learn.learner import LearnerSetup
-from workbench.train.config import TrainConfig
-from workbench.train.metrics import UpdateRecord
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +54,9 @@ class ChipLearnerActor:
         """Build this chip's learner (and resume it from the checkpoint when asked)."""
         import jax
 
-        import workbench.train.checkpoint as checkpoint
+        from workbench.engine.checkpoint import restore, unpack
+        from workbench.engine.rollouts import RolloutFeed
         from workbench.learn.modes import learner_class
-        from workbench.train.rollouts import RolloutFeed
 
         self.config = config
         self.board = board
@@ -66,8 +66,8 @@ class ChipLearnerActor:
         self.start_update = 0
         self.env_steps = 0
         if config.resume:
-            saved = checkpoint.restore(config.checkpoint_dir)
-            self.learner.load_state_leaves(checkpoint.unpack(saved), int(saved["update"]))
+            saved = restore(config.checkpoint_dir)
+            self.learner.load_state_leaves(unpack(saved), int(saved["update"]))
             self.start_update = int(saved["update"])
             self.env_steps = int(saved["env_steps"])
         return {"devices": jax.device_count(), "start_update": self.start_update,
@@ -85,7 +85,7 @@ class ChipLearnerActor:
     def train(self) -> dict:
         import ray
 
-        import workbench.train.checkpoint as checkpoint
+        from workbench.engine.checkpoint import pack, save
 
         config, learner = self.config, self.learner
         last_saved = None
@@ -107,9 +107,9 @@ class ChipLearnerActor:
             due = config.checkpoint_every and (update + 1) % config.checkpoint_every == 0
             finished = outcome.stop or update + 1 == self.num_updates
             if self.rank == 0 and config.checkpoint_dir and (due or finished):
-                state = checkpoint.pack(learner.state_leaves(), update=update + 1,
+                state = pack(learner.state_leaves(), update=update + 1,
                                         env_steps=self.env_steps)
-                last_saved = checkpoint.save(config.checkpoint_dir, update + 1, state)
+                last_saved = save(config.checkpoint_dir, update + 1, state)
             if self.rank == 0 and config.eval_every and (update + 1) % config.eval_every == 0:
                 self.board.evaluate.remote(ray.put(learner.policy_numpy()), update + 1,
                                            self.env_steps)

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from workbench.train.fields import ConfigError, check_finite, check_whole
+from workbench.engine.fields import ConfigError, check_finite, check_whole
 
 Mode = Literal["actors", "anakin"]
 Sync = Literal["auto", "gradients", "batch"]
@@ -73,7 +73,7 @@ class TrainConfig:
 
     def algorithm(self):
         """The registered :class:`~workbench.algos.Algorithm` named by ``algo``."""
-        from workbench import algos
+        import workbench.algos as algos
 
         return algos.get(self.algo)
 
@@ -83,7 +83,7 @@ class TrainConfig:
             self.algorithm().default_config()
 
     def validate(self) -> None:
-        """Raise :class:`~workbench.train.fields.ConfigError` (a ``ValueError``) naming the
+        """Raise :class:`~workbench.engine.fields.ConfigError` (a ``ValueError``) naming the
         first field that cannot work, with what is valid."""
         from workbench.learn.modes import MODES
         from workbench.learn.sync import CHOICES
