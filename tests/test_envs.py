@@ -31,7 +31,8 @@ def balance(obs) -> int:
 
 
 def test_every_env_id_builds_an_env_that_follows_the_contract():
-    assert jax_env_ids() == IDS
+    # Other tests of the session register environments of their own beside these.
+    assert [i for i in jax_env_ids() if i.startswith("workbench/")] == IDS
     for env_id in IDS:
         env = make_jax(env_id)
         assert isinstance(env, JaxEnv) and env.id == env_id

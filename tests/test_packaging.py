@@ -30,11 +30,12 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-def test_the_wheel_holds_the_layers_the_envs_and_the_license(wheel):
+def test_the_wheel_holds_every_package_the_envs_and_the_license(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    for package in ("workbench/tpu", "workbench/engine", "workbench/learn", "workbench/algos",
-                    "workbench/ui", "workbench/envs"):
-        assert f"{package}/__init__.py" in names, f"{package} is not in the wheel"
+    packages = [p.parent.relative_to(ROOT) for p in (ROOT / "workbench").rglob("__init__.py")]
+    packages += [Path("workbench/envs")]
+    for package in packages:
+        assert f"{package.as_posix()}/__init__.py" in names, f"{package} is not in the wheel"
     assert "workbench/envs/cartpole.py" in names
     # The top-level envs/ folder installs as workbench.envs, never as a package `envs`.
     assert not any(name.startswith("envs/") for name in names)
