@@ -10,7 +10,24 @@ import ray
 
 import workbench as wb
 
-SESSION_SLICES = [("v6e", "4x4"), ("v6e", "2x4"), ("v6e", "2x2"), ("v6e", "2x2")]
+SESSION_SLICES = [("v6e", "4x4"), ("v6e", "2x4"), ("v6e", "2x2"), ("v6e", "2x2"),
+                  ("v5p", "2x2x2")]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def runs_folder(tmp_path_factory):
+    """Runs get their folders (checkpoints, records) here, not in the checkout; every
+    process the tests start (CLIs, kernels) inherits it."""
+    import os
+
+    folder = tmp_path_factory.mktemp("runs")
+    previous = os.environ.get("WORKBENCH_RUNS")
+    os.environ["WORKBENCH_RUNS"] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop("WORKBENCH_RUNS", None)
+    else:
+        os.environ["WORKBENCH_RUNS"] = previous
 
 
 @pytest.fixture(scope="session")

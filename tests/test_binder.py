@@ -25,6 +25,20 @@ from workbench import ui
 ROOT = Path(__file__).resolve().parents[1]
 BINDER = ROOT / "binder"
 KERNEL = "workbench-binder"
+# The repo2docker release whose base environment the Binder files are checked against
+# (mybinder.org builds with a recent repo2docker; its wheel carries the conda locks).
+REPO2DOCKER = "jupyter-repo2docker==2026.4.0"
+# The Jupyter stack of repo2docker's base environment, by conda name -> pip name: what
+# requirements.txt is installed on top of, and must not need to change.
+JUPYTER_STACK = {
+    "jupyterlab": "jupyterlab", "notebook": "notebook", "jupyter_server": "jupyter-server",
+    "jupyterhub-base": "jupyterhub", "ipykernel": "ipykernel", "ipython": "ipython",
+    "jupyter_client": "jupyter-client", "jupyter_core": "jupyter-core",
+    "jupyterlab_server": "jupyterlab-server", "jupyterlab_widgets": "jupyterlab-widgets",
+    "notebook-shim": "notebook-shim", "jupyter-lsp": "jupyter-lsp",
+    "jupyter_events": "jupyter-events", "nbformat": "nbformat", "tornado": "tornado",
+    "traitlets": "traitlets", "pyzmq": "pyzmq", "jupyter-resource-usage": "jupyter-resource-usage",
+}
 # Build outputs and local state that a fresh clone would not have.
 NOT_IN_A_CLONE = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
                                         ".ruff_cache", ".pytest_cache")
@@ -37,17 +51,66 @@ def _run(command: list[str], **kwargs) -> str:
 
 
 @pytest.fixture(scope="module")
-def binder_env(tmp_path_factory) -> dict:
-    """A virtual environment made only from ``binder/``, with a Jupyter kernel of its own."""
+def repo2docker_base(tmp_path_factory) -> dict[str, str]:
+    """repo2docker's own pins of its base environment's Jupyter stack (pip names), read
+    from the conda lock its published wheel carries for ``binder/runtime.txt``'s Python."""
+    import zipfile
+
+    python = (BINDER / "runtime.txt").read_text().strip().removeprefix("python-")
+    folder = tmp_path_factory.mktemp("repo2docker")
+    _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(folder),
+          REPO2DOCKER])
+    (wheel,) = folder.glob("jupyter_repo2docker-*.whl")
+    lock = zipfile.ZipFile(wheel).read(
+        f"repo2docker/buildpacks/conda/environment.py-{python}-linux-64.lock").decode()
+    pins = {}
+    for line in lock.splitlines():
+        if not line.startswith("https://"):
+            continue
+        # .../noarch/jupyterlab-4.4.9-pyhd8ed1ab_0.conda#md5: name-version-build
+        name, version, _ = line.rsplit("/", 1)[-1].split("#")[0].rsplit("-", 2)
+        if name in JUPYTER_STACK:
+            pins[JUPYTER_STACK[name]] = version
+    assert {"jupyterlab", "notebook", "jupyter-server", "ipykernel"} <= set(pins), pins
+    return pins
+
+
+def test_binder_requirements_resolve_on_repo2dockers_base_environment(repo2docker_base,
+                                                                      tmp_path):
+    """What repo2docker does: its base environment first (its JupyterLab and notebook),
+    then `pip install -r binder/requirements.txt` on top. pip's resolver must find every
+    pin compatible with that Jupyter stack, changing none of it."""
+    constraints = tmp_path / "base.txt"
+    constraints.write_text("".join(f"{n}=={v}\n" for n, v in repo2docker_base.items()))
+    report = tmp_path / "report.json"
+    _run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
+          "--quiet", "--report", str(report), "-r", str(BINDER / "requirements.txt"),
+          "-r", str(constraints), "-c", str(constraints)])
+    import json
+
+    resolved = {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
+                for item in json.loads(report.read_text())["install"]}
+    for name, version in repo2docker_base.items():
+        assert resolved.get(name) == version, (name, resolved.get(name), version)
+
+
+@pytest.fixture(scope="module")
+def binder_env(tmp_path_factory, repo2docker_base) -> dict:
+    """A virtual environment made the way repo2docker makes Binder's: its base Jupyter
+    stack, then ``binder/`` alone, with a Jupyter kernel of its own."""
     base = tmp_path_factory.mktemp("binder")
     checkout = base / "repo"
     shutil.copytree(ROOT, checkout, ignore=NOT_IN_A_CLONE)
     venv = base / "venv"
     _run([sys.executable, "-m", "venv", str(venv)])
     python = venv / "bin" / "python"
+    pins = base / "repo2docker-base.txt"
+    pins.write_text("".join(f"{n}=={v}\n" for n, v in repo2docker_base.items()))
     # No .pyc compilation at install: the kernel compiles only what it imports.
     _run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-          "--no-compile", "-r", str(checkout / "binder" / "requirements.txt")])
+          "--no-compile", "-r", str(pins)])
+    _run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+          "--no-compile", "-r", str(checkout / "binder" / "requirements.txt"), "-c", str(pins)])
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
     _run([str(checkout / "binder" / "postBuild")], env=env, cwd=base)

@@ -65,14 +65,14 @@ def test_every_chip_ends_with_the_same_state(first_run):
 def test_the_final_checkpoint_holds_the_final_state(first_run):
     result, directory = first_run
     saved = checkpoint.restore(directory)
-    assert int(saved["update"]) == 3 and int(saved["env_steps"]) == 3 * 1024
-    assert _digest(checkpoint.unpack(saved)) == result.chip_state_digests[0]
+    assert (saved.update, saved.env_steps) == (3, 3 * 1024)
+    assert _digest(saved.state) == result.chip_state_digests[0]
 
 
 def test_same_seed_same_curve_and_resume_continues_exactly(first_run, cluster, tmp_path):
     result, directory = first_run
     with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-        again = train(tpu_slice, TrainConfig(seed=7, **SMALL))
+        again = train(tpu_slice, TrainConfig(seed=7, checkpoint_dir=str(tmp_path), **SMALL))
         # Resuming a finished run loads its state and has nothing left to do: the chips
         # must then hold exactly what the checkpoint holds.
         resumed = train(tpu_slice, TrainConfig(seed=7, checkpoint_dir=directory, resume=True,

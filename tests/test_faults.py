@@ -1,5 +1,7 @@
-"""Faults during training, on the session's simulated cluster: a rollout actor killed, a
-learner killed, a host lost, and an interrupt. Each run must still end well, and leave
+"""Faults during training, on the session's simulated cluster: a rollout actor killed (also
+during warm-up), a learner killed (rank 0 too), a host lost (worker 0 of a single-host
+slice, worker 1 of a two-host slice), the head-pinned helpers lost, a learner hung, two
+drivers racing for one slice, and an interrupt. Each run must still end well, and leave
 no placement group or actor behind (the ``cluster`` fixture checks placement groups)."""
 
 from __future__ import annotations
@@ -114,3 +116,149 @@ def test_ctrl_c_stops_within_seconds_with_a_final_checkpoint(cluster, tmp_path,
     step = checkpoint.latest_step(str(tmp_path))
     assert step is not None and step >= 8, "no final checkpoint of the interrupted run"
     assert set(live_actors()) <= actors_before
+
+
+def test_losing_rank_0_the_coordinator_restarts_from_the_last_checkpoint(cluster, tmp_path):
+    config = TrainConfig(**ANAKIN_CARTPOLE, seed=1, checkpoint_dir=str(tmp_path),
+                         checkpoint_every=4)
+    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
+        name = f"{tpu_slice.name}:a0:learner-0"
+        on_update, fired = _once(lambda row: ray.kill(ray.get_actor(name)))
+        result = train(tpu_slice, config, on_update=on_update)
+    assert fired.is_set() and result.restarts == 1
+    assert result.time_to_train_target_s is not None
+    assert len(set(result.chip_state_digests)) == 1
+
+
+def test_a_lost_metrics_board_and_evaluator_are_replaced_and_the_curve_goes_on(cluster):
+    config = TrainConfig(**{**ANAKIN_CARTPOLE, "eval_every": 4}, seed=0)
+    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
+        def lose_helpers(row: dict) -> None:
+            ray.kill(ray.get_actor(f"{tpu_slice.name}:board"))
+            ray.kill(ray.get_actor(f"{tpu_slice.name}:evaluator"))
+
+        on_update, fired = _once(lose_helpers)
+        result = train(tpu_slice, config, on_update=on_update)
+    assert fired.is_set() and result.helpers_replaced >= 1 and result.restarts == 0
+    updates = [row["update"] for row in result.curve]
+    # Rows whose records went to the dead board are skipped, never waited on forever.
+    assert updates == sorted(updates) and updates[-1] == result.updates
+    assert result.updates - len(updates) <= 3
+    assert result.time_to_train_target_s is not None and result.final_return >= 475
+
+
+def test_a_rollout_actor_dying_during_warm_up_is_replaced(cluster):
+    actors_before = set(live_actors())
+    errors: list[BaseException] = []
+    outcome: list = []
+    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
+        name = f"{tpu_slice.name}:a0:rollout-0"
+
+        def run() -> None:
+            try:
+                outcome.append(train(tpu_slice, TrainConfig(seed=0, total_env_steps=8 * 4096,
+                                                            eval_every=0)))
+            except BaseException as error:  # handed to the test below
+                errors.append(error)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 120
+        while True:  # as soon as the actor exists: it is still compiling its policy
+            try:
+                ray.kill(ray.get_actor(name))
+                break
+            except ValueError:
+                assert time.monotonic() < deadline, "the rollout actor never appeared"
+                time.sleep(0.05)
+        thread.join(300)
+    assert not errors, errors
+    (result,) = outcome
+    assert result.rollout_actors_replaced == 1 and result.updates == 8
+    assert set(live_actors()) <= actors_before
+
+
+def test_a_lost_host_that_is_not_worker_0_of_a_multi_host_slice(cluster, sim_cluster,
+                                                                tmp_path):
+    config = TrainConfig(**{**ANAKIN_CARTPOLE, "envs_per_chip": 8}, seed=3,
+                         checkpoint_dir=str(tmp_path), checkpoint_every=4)
+    lost: list[str] = []
+
+    def lose_host(row: dict) -> None:
+        lost.append(tpu_slice.name)
+        sim_cluster.remove_host(tpu_slice.name, 1)
+        # The host comes back after a while, as a repaired VM would: the recovery waits.
+        threading.Timer(5.0, sim_cluster.add_host, (tpu_slice.name, 1)).start()
+
+    with wb.reserve("v5p", "2x2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
+        assert tpu_slice.num_hosts == 2
+        on_update, fired = _once(lose_host)
+        result = train(tpu_slice, config, on_update=on_update, recover_timeout_s=120)
+    assert fired.is_set() and result.restarts == 1 and result.hosts == 2
+    assert result.time_to_train_target_s is not None
+    assert len(set(result.chip_state_digests)) == 1
+
+
+def test_a_hung_learner_is_caught_by_the_progress_watchdog(cluster, tmp_path):
+    import psutil
+    from ray._private.state import actors
+
+    config = TrainConfig(**ANAKIN_CARTPOLE, seed=2, checkpoint_dir=str(tmp_path),
+                         checkpoint_every=4, progress_timeout_s=5)
+    stopped: list[int] = []
+    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
+        def hang_a_learner(row: dict) -> None:
+            actor_id = ray.get_actor(f"{tpu_slice.name}:a0:learner-2")._actor_id.hex()
+            pid = actors()[actor_id]["Pid"]
+            psutil.Process(pid).suspend()  # SIGSTOP: alive, holding its chip, answering nothing
+            stopped.append(pid)
+
+        on_update, fired = _once(hang_a_learner)
+        result = train(tpu_slice, config, on_update=on_update)
+    assert fired.is_set() and result.restarts == 1
+    assert result.time_to_train_target_s is not None
+    assert not psutil.pid_exists(stopped[0]) or \
+        psutil.Process(stopped[0]).status() == psutil.STATUS_ZOMBIE
+
+
+def test_losing_chips_more_often_than_max_restarts_says_so(cluster):
+    config = TrainConfig(**ANAKIN_CARTPOLE, seed=1, max_restarts=0)
+    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
+        name = f"{tpu_slice.name}:a0:learner-1"
+        on_update, _ = _once(lambda row: ray.kill(ray.get_actor(name)))
+        with pytest.raises(wb.engine.ChipLost) as error:
+            train(tpu_slice, config, on_update=on_update)
+    assert "after 0 restart(s), the most config.max_restarts allows" in str(error.value)
+    assert "wb.list_slices()" in str(error.value)
+
+
+TWO_DRIVERS = """
+import json, sys, time
+import workbench as wb
+wb.connect({address!r}, node_ip={node_ip!r})
+try:
+    with wb.reserve("v6e", "2x4", timeout_s=15) as held:
+        print(json.dumps({{"got": held.name}}), flush=True)
+        time.sleep(20)
+except wb.SliceUnavailableError as error:
+    print(json.dumps({{"refused": str(error)}}), flush=True)
+"""
+
+
+def test_two_drivers_reserving_the_one_slice_at_once(cluster, sim_cluster):
+    import json
+    import subprocess
+    import sys
+
+    code = TWO_DRIVERS.format(address=sim_cluster.address, node_ip=sim_cluster.node_ip)
+    drivers = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    answers = []
+    for driver in drivers:
+        out, err = driver.communicate(timeout=120)
+        assert driver.returncode == 0, err[-2000:]
+        answers.append(json.loads(out.strip().splitlines()[-1]))
+    assert sorted(answers[0].keys() | answers[1].keys()) == ["got", "refused"], answers
+    refusal = next(a["refused"] for a in answers if "refused" in a)
+    assert "Could not reserve a v6e 2x4 slice" in refusal and "in use" in refusal
+    # The `cluster` fixture checks that neither left a placement group behind.

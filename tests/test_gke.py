@@ -248,6 +248,16 @@ def test_slices_must_be_a_whole_number_in_range(slices):
         gke.deployment("v6e", "2x2", slices=slices)
 
 
+def test_an_out_folder_that_cannot_be_written_is_refused(tmp_path, capsys):
+    # Under a file: no user, root included, can create a folder there.
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("not a folder")
+    assert cli.main(["gke", "--generation", "v6e", "--topology", "2x2", "--out",
+                     str(blocker / "deploy")]) == 2
+    assert "cannot be written" in capsys.readouterr().err
+    assert blocker.read_text() == "not a folder"
+
+
 def test_out_path_that_is_a_file_is_refused(tmp_path, capsys):
     target = tmp_path / "taken"
     target.write_text("keep me")
@@ -296,3 +306,62 @@ def test_deploy_examples_match_what_the_cli_renders(tmp_path, capsys, folder):
 def test_catalog_errors_are_the_catalogs_own():
     with pytest.raises(CatalogError, match="Valid v4 topologies"):
         gke.deployment("v4", "4x4")
+
+
+def test_every_ray_pod_runs_with_least_privilege_and_a_grace_period_to_checkpoint():
+    dep = gke.deployment("v6e", "4x4")
+    spec = gke.raycluster_manifest(dep)["spec"]
+    templates = [spec["headGroupSpec"]["template"]] + \
+        [group["template"] for group in spec["workerGroupSpecs"]]
+    for template in templates:
+        pod = template["spec"]
+        assert pod["terminationGracePeriodSeconds"] >= 30
+        for container in pod["containers"]:
+            security = container["securityContext"]
+            assert security["runAsNonRoot"] is True and security["runAsUser"] != 0
+            assert security["allowPrivilegeEscalation"] is False
+            assert security["capabilities"] == {"drop": ["ALL"]}
+            assert not security.get("privileged")
+    # The single-user pods get the same grace period.
+    values = gke.jupyterhub_values(dep)
+    assert values["singleuser"]["extraPodConfig"]["terminationGracePeriodSeconds"] >= 30
+
+
+def test_tpu_workers_get_the_environment_of_kuberays_tpu_samples():
+    spec = gke.raycluster_manifest(gke.deployment("v6e", "2x2"))["spec"]
+    env = {e["name"]: e for e in spec["workerGroupSpecs"][0]["template"]["spec"]
+           ["containers"][0]["env"]}
+    assert env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    assert env["VBAR_CONTROL_SERVICE_URL"]["value"] == "$(NODE_IP):8353"
+    assert env["JAX_PLATFORMS"]["value"] == "tpu,cpu"
+    assert env["ENABLE_PJRT_COMPATIBILITY"]["value"] == "true"
+    # What the webhook and the device plugin set is left to them.
+    assert not set(env) & {"TPU_NAME", "TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES",
+                           "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY"}
+
+
+def test_the_ray_pods_admit_only_their_own_pods_and_the_notebooks_client_port():
+    dep = gke.deployment("v6e", "2x2", name="wb", namespace="team")
+    policy = gke.network_policy(dep)
+    assert policy["kind"] == "NetworkPolicy" and policy["metadata"]["namespace"] == "team"
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"ray.io/cluster": "wb"}}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    own, notebooks = policy["spec"]["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {"ray.io/cluster": "wb"}}}]}
+    assert notebooks["ports"] == [{"port": 10001, "protocol": "TCP"}]
+    assert notebooks["from"][0]["podSelector"]["matchLabels"] == \
+        {"component": "singleuser-server"}
+    assert yaml.safe_load(gke.render(dep)["ray-networkpolicy.yaml"]) == policy
+
+
+def test_an_image_may_be_pinned_by_digest():
+    digest = "sha256:" + "ab" * 32
+    image = f"us-docker.pkg.dev/p/workbench/tpu-rl-workbench:0.1.0@{digest}"
+    dep = gke.deployment("v6e", "2x2", image=image)
+    spec = gke.raycluster_manifest(dep)["spec"]
+    assert spec["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == image
+    values = gke.jupyterhub_values(dep)["singleuser"]["image"]
+    assert f"{values['name']}:{values['tag']}" == image
+    for bad in (f"us-docker.pkg.dev/p/w@{digest}", f"w:1@sha256:{'ab' * 10}"):
+        with pytest.raises(gke.GkeConfigError, match="pinned by digest"):
+            gke.deployment("v6e", "2x2", image=bad)

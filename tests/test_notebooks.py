@@ -172,7 +172,7 @@ def test_stop_button_and_interrupt_end_training_cleanly(cluster, tmp_path, pytho
     planned = config.num_updates(4)
     assert 1 <= run.result.updates < planned
     saved = checkpoint.restore(str(tmp_path))
-    assert int(saved["update"]) == run.result.updates  # the final checkpoint of a stopped run
+    assert saved.update == run.result.updates  # the final checkpoint of a stopped run
     assert run.dashboard.stop_button.disabled
     assert "Stopped" in run.dashboard.status.value
     assert live_actors() == []

@@ -1,5 +1,5 @@
 """Both ways of keeping chips equal compute the same update as one device would, for any
-algorithm's update, and both carry any chip's request to stop to every chip.
+algorithm's update, and both carry any chip's requests (stop, checkpoint) to every chip.
 
 Runs in a child process with four CPU devices, since this process's JAX already has one.
 """
@@ -54,13 +54,15 @@ CHILD = textwrap.dedent(
                                         in_specs=(P(), specs, P(), P("chips")),
                                         out_specs=(P(), P(), P()),
                                         check_vma=sync.checks_replication(strategy)))
-        got, metrics, stop = sharded(state, traj, key, jnp.array([0, 0, 1, 0]))
+        # Chip 2 asks to stop, chip 3 to checkpoint (one row of request flags per chip).
+        requests = jnp.array([[0, 0], [0, 0], [1, 0], [0, 1]])
+        got, metrics, agreed = sharded(state, traj, key, requests)
         diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in
                    zip(jax.tree.leaves(got.params), jax.tree.leaves(reference.params)))
         print(strategy, diff)
-        print(strategy + "-one-stops", int(stop))
-        _, _, stop = sharded(state, traj, key, jnp.zeros(4, jnp.int32))
-        print(strategy + "-none-stops", int(stop))
+        print(strategy + "-agreed", "".join(str(int(a)) for a in agreed))
+        _, _, agreed = sharded(state, traj, key, jnp.zeros((4, 2), jnp.int32))
+        print(strategy + "-none", "".join(str(int(a)) for a in agreed))
     print("auto-cpu", sync.resolve("auto", "cpu"))
     print("auto-tpu", sync.resolve("auto", "tpu"))
     """
@@ -74,8 +76,9 @@ def test_per_minibatch_all_reduce_and_batch_gather_match_one_device():
     found = dict(line.split() for line in out.stdout.strip().splitlines())
     assert float(found["gradients"]) < 1e-5, found
     assert float(found["batch"]) < 1e-5, found
-    # One chip's wish to stop reaches every chip through the update's own collectives.
+    # One chip's requests (stop, checkpoint) reach every chip through the update's own
+    # collectives.
     for strategy in ("gradients", "batch"):
-        assert found[f"{strategy}-one-stops"] == "1" and found[f"{strategy}-none-stops"] == "0"
+        assert found[f"{strategy}-agreed"] == "11" and found[f"{strategy}-none"] == "00"
     # The driver resolves "auto" once: gather on CPU learners, gradients on TPUs.
     assert (found["auto-cpu"], found["auto-tpu"]) == ("batch", "gradients")

@@ -14,8 +14,6 @@ The layers are packages: :mod:`workbench.tpu` (where chips come from),
 
 from __future__ import annotations
 
-from importlib import metadata as _metadata
-
 from workbench import algos as algos
 from workbench import envs as envs  # registers the workbench/* ids with gymnasium
 from workbench.tpu import (
@@ -27,23 +25,31 @@ from workbench.tpu import (
     SliceUnavailableError,
     connect,
     disconnect,
+    join_or_start,
     list_slices,
     local_cluster,
     parse_shape,
     reserve,
     topologies,
 )
+from workbench.version import version
 
-try:
-    __version__ = _metadata.version("tpu-rl-workbench")
-except _metadata.PackageNotFoundError:  # a checkout on sys.path without an install
-    __version__ = "0+unknown"
+__version__ = version()
 
-from workbench.engine import TrainConfig, TrainingRun, TrainResult, start_run, train
+from workbench.engine import (
+    LoadedPolicy,
+    TrainConfig,
+    TrainingRun,
+    TrainResult,
+    load,
+    start_run,
+    train,
+)
 
 __all__ = [
     "CatalogError",
     "ClusterError",
+    "LoadedPolicy",
     "LocalCluster",
     "Slice",
     "SliceShape",
@@ -56,7 +62,9 @@ __all__ = [
     "connect",
     "disconnect",
     "envs",
+    "join_or_start",
     "list_slices",
+    "load",
     "local_cluster",
     "parse_shape",
     "reserve",

@@ -312,20 +312,17 @@ def _run_training(args: argparse.Namespace, config, shape: SliceShape) -> tuple[
     from tqdm import tqdm
 
     from workbench.engine.run import TrainingRun
-    from workbench.tpu.cluster import connect, local_cluster
+    from workbench.engine.stops import Terminated
+    from workbench.tpu.cluster import join_or_start
     from workbench.tpu.slice import reserve
 
     cpus_per_chip = 2  # the learner's CPU, and room for a rollout actor beside it
     with contextlib.ExitStack() as stack:
-        address = _cluster_address(args)
-        if address:
-            connect(address)
-            where = f"on the cluster at {address}"
-        else:
+        if not _cluster_address(args):
             print(f"Starting a simulated cluster with one {shape.label} slice...",
                   file=sys.stderr)
-            stack.enter_context(local_cluster([shape]))
-            where = "over a simulated slice"
+        session = stack.enter_context(join_or_start(getattr(args, "address", None), [shape]))
+        where = "over a simulated slice" if session.simulated else f"on {session.where}"
         tpu_slice = stack.enter_context(
             reserve(shape, timeout_s=args.reserve_timeout, cpus_per_chip=cpus_per_chip)
         )
@@ -339,8 +336,14 @@ def _run_training(args: argparse.Namespace, config, shape: SliceShape) -> tuple[
             recent = row["mean_return_100"] or row["mean_return_this_update"] or 0.0
             bar.set_postfix(ret=f"{recent:.0f}", sps=f"{row['env_steps_per_s'] or 0:.0f}")
 
-        run = TrainingRun(tpu_slice, config).on_update(progress).start()
-        result = run.wait(interrupt_grace_s=10.0)
+        run = TrainingRun(tpu_slice, config).on_update(progress)
+        print(f"Run folder: {run.run_dir}", file=sys.stderr)
+        run.start()
+        try:
+            result = run.wait(interrupt_grace_s=10.0)
+        except Terminated as terminated:
+            terminated.checkpoint_dir = run.plan.checkpoint_dir
+            raise
     return result.to_json(), where
 
 
@@ -459,13 +462,24 @@ def _flag_fields(argv: list[str]) -> set[str]:
 
 def main(argv: list[str] | None = None) -> int:
     from workbench.engine.attempt import ChipLost
+    from workbench.engine.stops import Terminated, handle_termination
     from workbench.learn.platform import DistributedStartError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    # SIGTERM (a pod evicted, a CI timeout) and SIGHUP stop training after its current
+    # update with a checkpoint, release the slice, and end the command with a message.
+    handle_termination(raise_in_main=True)
     try:
         return args.func(args)
+    except Terminated as terminated:
+        where = getattr(terminated, "checkpoint_dir", None)
+        resume = (f" Resume with: workbench train --resume --checkpoint-dir {where} (and the "
+                  "same flags)." if where else "")
+        print(f"workbench: {terminated}: training stopped after its current update, with a "
+              f"checkpoint, and the slice was released.{resume}", file=sys.stderr)
+        return 128 + terminated.signum
     except (CatalogError, ValueError, ClusterError, SliceUnavailableError,
             DistributedStartError, ChipLost) as error:
         print(f"workbench: {_one_line(error, _flag_fields(argv))}", file=sys.stderr)

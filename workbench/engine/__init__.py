@@ -9,8 +9,18 @@ from workbench.engine.attempt import ChipLost
 from workbench.engine.config import TrainConfig
 from workbench.engine.driver import train
 from workbench.engine.fields import ConfigError
+from workbench.engine.loading import LoadedPolicy, load
 from workbench.engine.result import TrainResult
 from workbench.engine.run import TrainingRun, start_run
 
-__all__ = ["ChipLost", "ConfigError", "TrainConfig", "TrainResult", "TrainingRun", "start_run",
-           "train"]
+__all__ = [
+    "ChipLost",
+    "ConfigError",
+    "LoadedPolicy",
+    "TrainConfig",
+    "TrainResult",
+    "TrainingRun",
+    "load",
+    "start_run",
+    "train",
+]

@@ -8,12 +8,23 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from workbench.engine.config import TrainConfig
 from workbench.engine.metrics import UpdateRecord
 from workbench.learn.heap import release_freed_memory
 from workbench.learn.learner import LearnerSetup
 
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """Where a run's checkpoints go and what each records of the run."""
+
+    directory: str
+    identity: dict
+    """The run's identity (see :mod:`workbench.engine.checkpoint`), with the slice."""
+    resume: bool = False
+    """Continue from the newest checkpoint that checks out."""
 log = logging.getLogger(__name__)
 
 
@@ -40,38 +51,54 @@ class ChipLearnerActor:
         return current_platform()
 
     def join(self, coordinator: str, timeout_s: float) -> float:
+        import ray
+
         from workbench.learn.platform import (
             configure_jax_platform,
             current_platform,
             join_distributed,
         )
 
-        configure_jax_platform(current_platform())
-        return join_distributed(coordinator, self.num_chips, self.rank, timeout_s)
+        platform = current_platform()
+        configure_jax_platform(platform)
+        own = ray.util.get_node_ip_address() if platform == "cpu" else None
+        return join_distributed(coordinator, self.num_chips, self.rank, timeout_s, own)
 
     def setup(self, config: TrainConfig, setup: LearnerSetup, mode: str, feed: tuple | None,
-              board) -> dict:
-        """Build this chip's learner (and resume it from the checkpoint when asked)."""
+              board, checkpoints: Checkpoints) -> dict:
+        """Build this chip's learner, and resume it from the checkpoint when asked.
+
+        Returns what the driver needs of the resume: the update and env steps it continues
+        from, whether the environments were restored exactly, and (rank 0) the rolling
+        window of returns the checkpoint recorded."""
         import jax
 
-        from workbench.engine.checkpoint import restore, unpack
+        from workbench.engine.checkpoint import restore
         from workbench.engine.rollouts import RolloutFeed
         from workbench.learn.modes import learner_class
 
         self.config = config
+        self.checkpoints = checkpoints
         self.board = board
         self.num_updates = setup.agent.num_updates
         self.feed = RolloutFeed(*feed, rank=self.rank) if feed is not None else None
         self.learner = learner_class(mode)(setup, self.feed)
         self.start_update = 0
         self.env_steps = 0
-        if config.resume:
-            saved = restore(config.checkpoint_dir)
-            self.learner.load_state_leaves(unpack(saved), int(saved["update"]))
-            self.start_update = int(saved["update"])
-            self.env_steps = int(saved["env_steps"])
-        return {"devices": jax.device_count(), "start_update": self.start_update,
-                "env_steps": self.env_steps}
+        answer: dict = {"devices": jax.device_count(), "exact": True, "metrics": None}
+        if checkpoints.resume:
+            restored = restore(checkpoints.directory)
+            self.learner.load_state_leaves(restored.state, restored.update)
+            self.start_update, self.env_steps = restored.update, restored.env_steps
+            answer["exact"] = self.learner.load_resume_state(restored.resume)
+            if self.feed is not None and self.rank == 0:
+                import ray
+
+                answer["exact"] &= ray.get(self.feed.keeper.restore.remote(restored.rollouts))
+            answer["metrics"] = restored.meta.get("metrics")
+            answer["step"] = restored.step
+        answer.update(start_update=self.start_update, env_steps=self.env_steps)
+        return answer
 
     def compile(self) -> float:
         """Compile the update before the loop starts, so the loop starts hot."""
@@ -82,16 +109,27 @@ class ChipLearnerActor:
     def request_stop(self) -> None:
         self._stop_requested = True
 
+    def set_board(self, board) -> None:
+        """Report to a new metrics board (the driver replaced a lost one)."""
+        self.board = board
+
+    def _checkpoint_due(self, update: int, last_saved_at: float) -> bool:
+        """Rank 0 asks for checkpoints (the others learn of it through the update)."""
+        every, every_s = self.config.checkpoint_every, self.config.checkpoint_every_s
+        return self.rank == 0 and (
+            bool(every and (update + 1) % every == 0)
+            or bool(every_s and time.monotonic() - last_saved_at >= every_s)
+        )
+
     def train(self) -> dict:
         import ray
 
-        from workbench.engine.checkpoint import pack, save
-
         config, learner = self.config, self.learner
-        last_saved = None
+        last_saved, last_saved_at = None, time.monotonic()
         loop_start = time.time()
         for update in range(self.start_update, self.num_updates):
-            outcome = learner.step(stop=self._stop_requested)
+            outcome = learner.step(stop=self._stop_requested,
+                                   checkpoint=self._checkpoint_due(update, last_saved_at))
             self.env_steps += outcome.env_steps
             self.board.record.remote(UpdateRecord(
                 update=update + 1,
@@ -104,12 +142,14 @@ class ChipLearnerActor:
                 metrics=outcome.metrics,
                 policy_versions=list(outcome.policy_versions),
             ))
-            due = config.checkpoint_every and (update + 1) % config.checkpoint_every == 0
             finished = outcome.stop or update + 1 == self.num_updates
-            if self.rank == 0 and config.checkpoint_dir and (due or finished):
-                state = pack(learner.state_leaves(), update=update + 1,
-                                        env_steps=self.env_steps)
-                last_saved = save(config.checkpoint_dir, update + 1, state)
+            if outcome.checkpoint or finished:
+                # NOTE: every chip gets here after the same update (they agreed on it in the
+                # update's collective), as gathering what makes a resume exact may need.
+                resume = learner.resume_state()
+                if self.rank == 0:
+                    last_saved = self._save(update + 1, resume)
+                    last_saved_at = time.monotonic()
             if self.rank == 0 and config.eval_every and (update + 1) % config.eval_every == 0:
                 self.board.evaluate.remote(ray.put(learner.policy_numpy()), update + 1,
                                            self.env_steps)
@@ -124,6 +164,26 @@ class ChipLearnerActor:
             "params": learner.policy_numpy() if self.rank == 0 else None,
             "rollouts_replaced": self.feed.replaced if self.feed is not None else 0,
         }
+
+    def _save(self, update: int, resume: dict) -> str:
+        import ray
+
+        from workbench.engine.checkpoint import save
+
+        rollouts: list = []
+        if self.feed is not None:
+            # The rollout in flight (for update + 1) started from these envs.
+            rollouts = ray.get(self.feed.keeper.snapshots.remote(update), timeout=60)
+            if any(blob is None for blob in rollouts):
+                rollouts = []
+        try:
+            metrics = ray.get(self.board.window.remote(update), timeout=30)
+        except Exception:  # the board may be gone; the driver replaces it
+            metrics = None
+        meta = {**self.checkpoints.identity, "update": update, "env_steps": self.env_steps,
+                "metrics": metrics}
+        return save(self.checkpoints.directory, update, self.learner.state_leaves(), meta,
+                    resume=resume, rollouts=rollouts)
 
     def digest(self) -> str:
         return self.learner.digest()

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 
-from workbench.engine.actors import ChipLearnerActor
+from workbench.engine.actors import Checkpoints, ChipLearnerActor
 from workbench.engine.cluster_state import kill_and_wait, wait_until_dead
 from workbench.engine.plan import RunPlan
 from workbench.engine.rollouts import RolloutKeeper
@@ -45,10 +45,12 @@ class Attempt:
         self.runs: list = []
         self.sync: str | None = None
 
-    def start(self, distributed_timeout_s: float, sync: str | None = None) -> dict:
-        """Start every chip's learner, join them, set up and compile. Returns rank 0's
-        setup (``start_update``, ``env_steps``). ``sync`` is the strategy resolved by an
-        earlier attempt; the first resolves it from the learners' platform."""
+    def start(self, distributed_timeout_s: float, sync: str | None,
+              checkpoints: Checkpoints) -> dict:
+        """Start every chip's learner, join them, set up (resuming from ``checkpoints``
+        when they say so) and compile. Returns rank 0's setup (``start_update``,
+        ``env_steps``...). ``sync`` is the strategy resolved by an earlier attempt; the
+        first resolves it from the learners' platform."""
         import ray
 
         started = time.monotonic()
@@ -71,10 +73,17 @@ class Attempt:
         self._join(coordinator, distributed_timeout_s)
         log.info("jax.distributed joined after %.1f s", time.monotonic() - started)
         setup = self.plan.learner_setup(num_chips, self.sync)
-        setups = ray.get([
-            lr.setup.remote(config, setup, config.mode, feed, self.board)
-            for lr, feed in zip(self.learners, feeds, strict=True)
-        ], timeout=600)
+        try:
+            setups = ray.get([
+                lr.setup.remote(config, setup, config.mode, feed, self.board, checkpoints)
+                for lr, feed in zip(self.learners, feeds, strict=True)
+            ], timeout=600)
+        except ray.exceptions.RayTaskError as error:
+            # A user's error (a checkpoint that does not fit) reads as itself, not as a
+            # remote traceback.
+            if isinstance(error.cause, ValueError):
+                raise error.cause from None
+            raise
         log.info("learners set up after %.1f s", time.monotonic() - started)
         ray.get([lr.compile.remote() for lr in self.learners], timeout=600)
         log.info("learners compiled after %.1f s", time.monotonic() - started)
@@ -112,7 +121,8 @@ class Attempt:
             for k in range(per_host):
                 ranks = host.chips[k * share:(k + 1) * share]
                 index = len(specs)
-                options = dict(num_cpus=1, runtime_env=CPU_ONLY, max_concurrency=share,
+                # One thread per learner it feeds, and one for checkpoint snapshots.
+                options = dict(num_cpus=1, runtime_env=CPU_ONLY, max_concurrency=share + 1,
                                scheduling_strategy=tpu_slice.scheduling(ranks[0]),
                                name=f"{self.prefix}:rollout-{index}")
                 args = (config.env, config.envs_per_chip, share, config.rollout_length,
@@ -120,13 +130,19 @@ class Attempt:
                 for part, rank in enumerate(ranks):
                     fed_by[rank] = (index, part)
                 specs.append((options, args))
-        self.keeper = remote(RolloutKeeper, num_cpus=0, max_concurrency=len(fed_by) + 1).options(
+        self.keeper = remote(RolloutKeeper, num_cpus=0, max_concurrency=len(fed_by) + 2).options(
             scheduling_strategy=tpu_slice.scheduling(0)
         ).remote(specs)
         return [(self.keeper, *fed_by[rank]) for rank in range(tpu_slice.num_chips)]
 
     def launch(self) -> None:
         self.runs = [lr.train.remote() for lr in self.learners]
+
+    def set_board(self, board) -> None:
+        """Point every learner at a new metrics board."""
+        import ray
+
+        ray.get([lr.set_board.remote(board) for lr in self.learners], timeout=30)
 
     def request_stop(self) -> None:
         import ray

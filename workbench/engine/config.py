@@ -48,12 +48,17 @@ class TrainConfig:
     ``reward_threshold``), and an env without one has no target."""
     stop_at_target: bool = False
     """End the run once the training target is reached (needs a target)."""
+    run_dir: str | None = None
+    """The run's own folder (its checkpoints and records); None: a new folder under
+    ``$WORKBENCH_RUNS`` (default ``./runs``). On a real cluster, a path every host sees."""
     checkpoint_dir: str | None = None
-    """Where orbax checkpoints go; None for no checkpoints."""
+    """Where orbax checkpoints go; None: ``<run_dir>/checkpoints``."""
     checkpoint_every: int = 0
-    """Updates between checkpoints (a final one is always written when a dir is set)."""
+    """Updates between checkpoints (0: by time only); a final one is always written."""
+    checkpoint_every_s: float = 60.0
+    """Seconds between checkpoints (0: by update count only): what an eviction can lose."""
     resume: bool = False
-    """Continue from the latest checkpoint in ``checkpoint_dir``."""
+    """Continue the run whose checkpoints are in ``checkpoint_dir`` (its latest)."""
     sync: Sync = "auto"
     """How chips stay equal: ``gradients`` (an all-reduce per minibatch), ``batch`` (gather
     the batch once per update; one chip learns from it and hands the result to the
@@ -62,6 +67,9 @@ class TrainConfig:
     max_restarts: int = 2
     """Times a run starts again on an intact slice after a learner or a host is lost,
     from the last checkpoint in ``checkpoint_dir`` (from scratch without one)."""
+    progress_timeout_s: float = 180.0
+    """Seconds without a finished update after which the attempt counts as hung (a learner
+    that stopped answering) and the run restarts from its last checkpoint."""
 
     @property
     def steps_per_update(self) -> int:
@@ -101,8 +109,16 @@ class TrainConfig:
             check_whole(name, getattr(self, name), 0)
         if self.seed > MAX_SEED:
             raise ConfigError("seed", f"must be at most {MAX_SEED}, got {self.seed}.")
-        if self.resume and not self.checkpoint_dir:
-            raise ConfigError("resume", "=True needs checkpoint_dir: the run to continue from.")
+        if self.resume and not self.checkpoint_dir and not self.run_dir:
+            raise ConfigError("resume", "=True needs checkpoint_dir (or run_dir): the run to "
+                                        "continue from.")
+        for name in ("checkpoint_every_s", "progress_timeout_s"):
+            check_finite(name, getattr(self, name))
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be >= 0 seconds, got {getattr(self, name)!r}.")
+        if self.progress_timeout_s and self.progress_timeout_s < 5:
+            raise ConfigError("progress_timeout_s", f"must be 0 (off) or at least 5 seconds, "
+                                                    f"got {self.progress_timeout_s!r}.")
         if self.mode not in MODES:
             raise ConfigError("mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}.")
         if self.sync not in CHOICES:

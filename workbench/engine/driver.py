@@ -21,11 +21,12 @@ from workbench.engine.attempt import CPU_ONLY, Attempt, ChipLost, remote
 from workbench.engine.cluster_state import head_node_affinity, kill_and_wait
 from workbench.engine.config import TrainConfig
 from workbench.engine.metrics import MetricsBoard
-from workbench.engine.plan import RunPlan, check_slice, plan_run
+from workbench.engine.plan import RunPlan, check_slice, plan_run, slice_record
 from workbench.engine.result import TrainResult
 from workbench.engine.shipping import ship_by_value, user_code_of
 from workbench.engine.stops import registered
 from workbench.tpu.slice import Slice
+from workbench.version import version
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +53,13 @@ class _Run:
         self.options = options
         self.stop_event = threading.Event()
         self.started = time.monotonic()
-        self.helpers: list = []
         self.attempt: Attempt | None = None
-        self.attempt_plan = plan
         self.sync: str | None = None
+        self.identity = {**plan.identity, "slice": slice_record(tpu_slice),
+                         "workbench": version()}
+        self.resume = plan.config.resume
+        self.resumed_from: int | None = None
+        self.exact_resume: bool | None = None
         self.restarts = 0
         self.env_steps_redone = 0
         self.recovery_s = 0.0
@@ -63,24 +67,47 @@ class _Run:
         self.loop_start: float | None = None
         self.seen = 0
         self.last_env_steps = 0
+        self.history: list[tuple[dict, list[float]]] = []
+        """Every row the driver has seen with its episode returns: what a replaced board
+        starts from."""
+        self.evals: list[dict] = []
+        self.helpers_replaced = 0
+        self.board = self.evaluator = None
 
-    # ---- step 1: the run-wide helpers, off the slice -----------------------------------
+    # ---- step 1: the run's folder and the run-wide helpers, off the slice -------------
+
+    def prepare_run_dir(self) -> None:
+        from workbench.engine.run_dir import write_run_record
+
+        write_run_record(self.plan, self.identity)
 
     def start_helpers(self) -> None:
+        self.evaluator = self._start_evaluator()
+        self.evaluator_ready = self.evaluator.prepare.remote(self.plan.config.eval_episodes)
+        self.board = self._start_board()
+
+    def _start_evaluator(self):
         from workbench.engine.actors import EvaluatorActor
 
-        config, plan = self.plan.config, self.plan
-        placement = {"scheduling_strategy": head_node_affinity()}
+        plan = self.plan
         jax_env = plan.jax_env.make if plan.jax_env is not None else None
-        self.evaluator = remote(EvaluatorActor, num_cpus=0, runtime_env=CPU_ONLY).options(
-            **placement
-        ).remote(config.env, plan.agent(self.slice.num_chips), config.seed, jax_env)
-        self.evaluator_ready = self.evaluator.prepare.remote(config.eval_episodes)
-        target = plan.target_return
-        self.board = remote(MetricsBoard, num_cpus=0).options(**placement).remote(
-            self.slice.num_chips, target, config.eval_episodes, self.evaluator
-        )
-        self.helpers += [self.evaluator, self.board]
+        return remote(EvaluatorActor, num_cpus=0, runtime_env=CPU_ONLY).options(
+            scheduling_strategy=head_node_affinity(), name=self._helper_name("evaluator"),
+        ).remote(plan.config.env, plan.agent(self.slice.num_chips), plan.config.seed, jax_env)
+
+    def _start_board(self, log=None):
+        plan = self.plan
+        # Threaded: a checkpointing chip waits in window() while records keep coming.
+        return remote(MetricsBoard, num_cpus=0, max_concurrency=4).options(
+            scheduling_strategy=head_node_affinity(), name=self._helper_name("board"),
+        ).remote(self.slice.num_chips, plan.target_return, plan.config.eval_episodes,
+                 self.evaluator, log)
+
+    def _helper_name(self, role: str) -> str:
+        # "<slice>:board", "<slice>:evaluator" (".1", ".2"... for replacements), so that a
+        # person (or a fault test) can find them with ray.get_actor.
+        suffix = f".{self.helpers_replaced}" if self.helpers_replaced else ""
+        return f"{self.slice.name}:{role}{suffix}"
 
     # ---- step 2: an attempt, watched until it ends ------------------------------------
 
@@ -88,18 +115,30 @@ class _Run:
         """Start an attempt on the slice and watch it to its end.
 
         Raises:
-            ChipLost: a learner (or its host) was lost.
+            ChipLost: a learner (or its host) was lost, or the attempt made no progress
+                for ``progress_timeout_s``.
         """
         import ray
 
-        self.attempt = Attempt(self.slice, self.attempt_plan, self.board, self.restarts)
-        setup = self.attempt.start(self.options.distributed_timeout_s, self.sync)
+        from workbench.engine.actors import Checkpoints
+
+        plan = self.plan
+        self.attempt = Attempt(self.slice, plan, self.board, self.restarts)
+        checkpoints = Checkpoints(plan.checkpoint_dir, self.identity, self.resume)
+        setup = self.attempt.start(self.options.distributed_timeout_s, self.sync, checkpoints)
         self.sync = self.attempt.sync
         if self.restarts:
             self.env_steps_redone += max(0, self.last_env_steps - setup["env_steps"])
             self.seen = setup["start_update"]
+            self.history = [h for h in self.history if h[0]["update"] <= self.seen]
             ray.get(self.board.rewind.remote(self.seen))
         else:
+            if self.resume:
+                # A fresh run continuing a checkpoint: its curve goes on from there.
+                self.resumed_from, self.exact_resume = setup["start_update"], setup["exact"]
+                self.seen = setup["start_update"]
+                window = setup.get("metrics") or {"update": self.seen}
+                ray.get(self.board.seed.remote({**window, "update": self.seen}))
             ray.get(self.evaluator_ready)
             self.startup_s = time.monotonic() - self.started
         self.attempt.launch()
@@ -107,18 +146,20 @@ class _Run:
         self._watch()
 
     def _watch(self) -> None:
-        import ray
-
         options, config = self.options, self.plan.config
         stop_sent = False
+        progress_at = time.monotonic()
         while True:
             finished = self.attempt.finished(options.poll_s)
-            snapshot = ray.get(self.board.snapshot.remote(self.seen))
-            for row in snapshot["updates"]:
+            snapshot = self._snapshot()
+            for row, returns in zip(snapshot["updates"], snapshot["returns"], strict=True):
                 self.seen = row["update"]
                 self.last_env_steps = row["env_steps"]
+                self.history.append((row, returns))
+                progress_at = time.monotonic()
                 if options.on_update is not None:
                     options.on_update(row)
+            self.evals = snapshot["evals"]
             wants_stop = (
                 self.stop_event.is_set()
                 or (options.should_stop is not None and options.should_stop())
@@ -129,6 +170,47 @@ class _Run:
                 stop_sent = True
             if finished:
                 return
+            hung_s = time.monotonic() - progress_at
+            if config.progress_timeout_s and hung_s > config.progress_timeout_s:
+                raise ChipLost(
+                    f"no update finished for {hung_s:.0f} s (progress_timeout_s="
+                    f"{config.progress_timeout_s:g}): a learner stopped answering"
+                )
+
+    def _snapshot(self) -> dict:
+        """The board's news since the last row seen, replacing a lost board or evaluator
+        (they live on the head, off the slice, but a head can lose them too)."""
+        import ray
+
+        try:
+            snapshot = ray.get(self.board.snapshot.remote(self.seen), timeout=60)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            log.warning("the metrics board was lost; starting a new one from the driver's "
+                        "copy of the curve")
+            self._replace_board()
+            snapshot = ray.get(self.board.snapshot.remote(self.seen), timeout=60)
+        if snapshot["evaluator_lost"]:
+            log.warning("the evaluator was lost; starting a new one")
+            self._replace_evaluator()
+        return snapshot
+
+    def _replace_board(self) -> None:
+        from workbench.engine.metrics import MetricsLog
+
+        rows = [row for row, _ in self.history]
+        returns = [r for _, r in self.history]
+        log_copy = MetricsLog.replay(self.slice.num_chips, self.plan.target_return, rows,
+                                     returns, self.evals)
+        self.helpers_replaced += 1
+        self.board = self._start_board(log_copy)
+        self.attempt.set_board(self.board)
+
+    def _replace_evaluator(self) -> None:
+        import ray
+
+        self.helpers_replaced += 1
+        self.evaluator = self._start_evaluator()
+        ray.get(self.board.set_evaluator.remote(self.evaluator), timeout=60)
 
     # ---- step 3: recovery after a lost chip ---------------------------------------------
 
@@ -153,12 +235,8 @@ class _Run:
         recovering = time.monotonic()
         self.slice.recover(timeout_s=self.options.recover_timeout_s)
         self.restarts += 1
-        has_checkpoint = bool(config.checkpoint_dir) and (
-            latest_step(config.checkpoint_dir) is not None
-        )
-        self.attempt_plan = dataclasses.replace(
-            self.plan, config=dataclasses.replace(config, resume=has_checkpoint)
-        )
+        self.identity = {**self.identity, "slice": slice_record(self.slice)}
+        self.resume = latest_step(self.plan.checkpoint_dir) is not None
         self.recovery_s += time.monotonic() - recovering
 
     # ---- step 4: the result -------------------------------------------------------------
@@ -177,7 +255,7 @@ class _Run:
         loop_end = max(r["time"] for r in rows) if rows else self.loop_start
         wall_s = loop_end - self.loop_start
         steps_run = sum(row["steps_this_update"] for row in rows)
-        return TrainResult(
+        result = TrainResult(
             env_steps=outcomes[0]["env_steps"],
             wall_s=round(wall_s, 3),
             final_return=float(np.mean(final)),
@@ -197,21 +275,29 @@ class _Run:
             seed=config.seed,
             updates=outcomes[0]["updates"],
             checkpoint=outcomes[0]["checkpoint"],
+            run_dir=self.plan.run_dir,
             target_return=self.plan.target_return,
+            resumed_from_update=self.resumed_from,
+            exact_resume=self.exact_resume,
             restarts=self.restarts,
             env_steps_redone=self.env_steps_redone,
             recovery_s=round(self.recovery_s, 3),
             rollout_actors_replaced=max(o["rollouts_replaced"] for o in outcomes),
+            helpers_replaced=self.helpers_replaced,
             chip_state_digests=digests,
             curve=rows,
             params=outcomes[0]["params"],
             agent=self.plan.agent(tpu_slice.num_chips),
         )
+        from workbench.engine.run_dir import write_result
+
+        write_result(self.plan, result)
+        return result
 
     def close(self) -> None:
         if self.attempt is not None:
             self.attempt.kill()
-        kill_and_wait(self.helpers)
+        kill_and_wait([h for h in (self.evaluator, self.board) if h is not None])
 
 
 def train(
@@ -228,12 +314,14 @@ def train(
     """Train on every chip of a reserved slice, blocking until the run ends.
 
     A run survives the loss of a rollout actor (it is replaced; only its batch in flight
-    is lost) and of a learner or a host (the slice is given back, an intact one of the
-    same shape is reserved in its place on the same handle, and the run carries on from
-    the last checkpoint; ``config.max_restarts`` times at most). An interrupt (Ctrl-C,
-    a notebook's KeyboardInterrupt, interpreter exit) stops it within ``stop_grace_s``
-    after the current update, with a final checkpoint, and re-raises. For a run in the
-    background with progress callbacks, use :class:`workbench.engine.run.TrainingRun`.
+    is lost), of its metrics board or evaluator (replaced from the driver's copy), and of
+    a learner or a host, or a learner that hangs (the slice is given back, an intact one of
+    the same shape is reserved in its place on the same handle, and the run carries on from
+    the last checkpoint; ``config.max_restarts`` times at most). An interrupt (Ctrl-C, a
+    notebook's KeyboardInterrupt, SIGTERM, interpreter exit) stops it within
+    ``stop_grace_s`` after the current update, with a final checkpoint, and re-raises. For
+    a run in the background with progress callbacks, use
+    :class:`workbench.engine.run.TrainingRun`.
 
     Args:
         tpu_slice: a slice from :func:`workbench.reserve` (``cpus_per_chip`` at least 2
@@ -252,19 +340,30 @@ def train(
         The run's :class:`~workbench.engine.result.TrainResult`.
 
     Raises:
-        ValueError: a config, environment or slice that cannot work (nothing is started).
+        ValueError: a config, environment, checkpoint or slice that cannot work (nothing
+            is started).
         DistributedStartError: the learners did not join in time; names the missing ranks.
         ChipLost: learners were lost more than ``config.max_restarts`` times.
         SliceUnavailableError: no intact slice came back after a loss.
     """
-    plan = plan_run(config or TrainConfig())
-    check_slice(plan, tpu_slice)
-    ship_by_value(user_code_of(plan))
+    from workbench.engine.stops import handle_termination
+
     options = WatchOptions(on_update, should_stop, poll_s, distributed_timeout_s,
                            recover_timeout_s, stop_grace_s)
+    plan = plan_run(config or TrainConfig())
+    handle_termination()
+    return run_planned(tpu_slice, plan, options)
+
+
+def run_planned(tpu_slice: Slice, plan: RunPlan, options: WatchOptions) -> TrainResult:
+    """:func:`train` for a run already planned (the run handle plans in the caller's
+    thread, so that a bad config fails there)."""
+    check_slice(plan, tpu_slice)
+    ship_by_value(user_code_of(plan))
     run = _Run(tpu_slice, plan, options)
     with registered(run.stop_event):
         try:
+            run.prepare_run_dir()
             run.start_helpers()
             while True:
                 try:
@@ -276,7 +375,7 @@ def train(
                     # NOTE: stop after the current update (rank 0 writes a final
                     # checkpoint), within the grace period; a second interrupt ends it.
                     if run.attempt is not None:
-                        run.attempt.stop_within(stop_grace_s)
+                        run.attempt.stop_within(options.stop_grace_s)
                     raise
             return run.assemble_result()
         finally:

@@ -7,6 +7,7 @@ its curve all the same and reaches no target.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -59,15 +60,27 @@ class MetricsLog:
 
     def add(self, record: UpdateRecord) -> None:
         self.pending.setdefault(record.update, {})[record.rank] = record
-        while True:
+        while self.pending:
             next_update = (
                 self.last_closed + 1 if self.last_closed is not None else min(self.pending)
             )
-            parts = self.pending.get(next_update)
-            if parts is None or len(parts) < self.num_chips:
+            parts = self.pending.get(next_update, {})
+            if len(parts) == self.num_chips:
+                del self.pending[next_update]
+                self._close(next_update, [parts[r] for r in sorted(parts)])
+            elif self._lost(next_update):
+                # NOTE: each chip's records arrive in order, so a chip that has reported a
+                # later update will never report this one: its record was lost (a board
+                # replaced meanwhile). The update is skipped, not waited for forever.
+                self.pending.pop(next_update, None)
+                self.last_closed = next_update
+            else:
                 return
-            del self.pending[next_update]
-            self._close(next_update, [parts[r] for r in sorted(parts)])
+
+    def _lost(self, update: int) -> bool:
+        later = {rank for u, parts in self.pending.items() if u > update for rank in parts}
+        present = set(self.pending.get(update, {}))
+        return len(later | present) == self.num_chips and bool(later - present)
 
     def _close(self, update: int, parts: list[UpdateRecord]) -> None:
         finished = [r for p in parts for r in p.episode_returns]  # rank order: reproducible
@@ -128,6 +141,41 @@ class MetricsLog:
         if self.eval_target is not None and self.eval_target["update"] > update:
             self.eval_target = None
 
+    def window_at(self, update: int) -> dict | None:
+        """The rolling window and episode count as they were after ``update`` (what a
+        checkpoint of that update records), or None if its row is not closed yet."""
+        kept = [i for i, r in enumerate(self.rows) if r["update"] <= update]
+        if self.last_closed is None or self.last_closed < update:
+            return None
+        returns = [x for i in kept for x in self.row_returns[i]][-WINDOW:]
+        episodes = self.rows[kept[-1]]["episodes"] if kept else 0
+        return {"update": update, "recent": returns, "episodes": episodes}
+
+    def seed(self, window: dict) -> None:
+        """Continue a run resumed from a checkpoint: rows from ``window["update"] + 1``,
+        with its rolling window and episode count."""
+        self.last_closed = int(window["update"])
+        self.recent = deque(window.get("recent") or [], maxlen=WINDOW)
+        self.episodes = int(window.get("episodes") or 0)
+        self.pending = {}
+
+    @classmethod
+    def replay(cls, num_chips: int, target_return: float | None, rows: list[dict],
+               returns: list[list[float]], evals: list[dict]) -> MetricsLog:
+        """A log holding ``rows`` (what the driver has seen), to replace a lost board's."""
+        log = cls(num_chips, target_return)
+        log.rows, log.row_returns = list(rows), [list(r) for r in returns]
+        log.last_closed = rows[-1]["update"] if rows else None
+        log.recent = deque((x for r in log.row_returns for x in r), maxlen=WINDOW)
+        log.episodes = rows[-1]["episodes"] if rows else 0
+        if target_return is not None:
+            log.train_target = next((r for r in rows if r["mean_return_100"] is not None
+                                     and r["mean_return_100"] >= target_return), None)
+        for entry in evals:
+            log.add_eval(entry["update"], entry["env_steps"], entry["mean_return"],
+                         entry["time"])
+        return log
+
     def add_eval(self, update: int, env_steps: int, mean_return: float, time: float) -> None:
         entry = {"update": update, "env_steps": env_steps, "mean_return": mean_return,
                  "time": time}
@@ -136,8 +184,10 @@ class MetricsLog:
             self.eval_target = entry
 
     def snapshot(self, since: int = 0) -> dict:
+        newer = [i for i, r in enumerate(self.rows) if r["update"] > since]
         return {
-            "updates": [r for r in self.rows if r["update"] > since],
+            "updates": [self.rows[i] for i in newer],
+            "returns": [self.row_returns[i] for i in newer],
             "evals": list(self.evals),
             "train_target_update": self.train_target["update"] if self.train_target else None,
             "train_target_time": self.train_target["time"] if self.train_target else None,
@@ -150,23 +200,46 @@ class MetricsLog:
 
 class MetricsBoard:
     """Collects per-update records from every chip and greedy evaluations; the driver
-    reads it without touching the learners."""
+    reads it without touching the learners. Run as a threaded Ray actor: a checkpointing
+    chip may wait in :meth:`window` while records keep arriving."""
 
     def __init__(self, num_chips: int, target_return: float | None, eval_episodes: int,
-                 evaluator) -> None:
-        self.log = MetricsLog(num_chips, target_return)
+                 evaluator, log: MetricsLog | None = None) -> None:
+        self.log = log or MetricsLog(num_chips, target_return)
         self.evaluator = evaluator
         self.eval_episodes = eval_episodes
         self.pending: list = []
+        self.evaluator_lost = False
+        self._changed = threading.Condition()
 
     def record(self, record: UpdateRecord) -> None:
-        self.log.add(record)
+        with self._changed:
+            self.log.add(record)
+            self._changed.notify_all()
+
+    def window(self, update: int, wait_s: float = 10.0) -> dict | None:
+        """The rolling window after ``update`` (for its checkpoint), waiting a little for
+        the other chips' records of it."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.log.window_at(update) is not None, wait_s)
+            return self.log.window_at(update)
+
+    def seed(self, window: dict) -> None:
+        with self._changed:
+            self.log.seed(window)
+
+    def set_evaluator(self, evaluator) -> None:
+        with self._changed:
+            self.evaluator = evaluator
+            self.evaluator_lost = False
 
     def evaluate(self, params, update: int, env_steps: int) -> None:
-
-        self._collect()
-        ref = self.evaluator.evaluate.remote(params, self.eval_episodes)
-        self.pending.append((ref, update, env_steps))
+        with self._changed:
+            self._collect()
+            if self.evaluator_lost:
+                return  # the driver is replacing it; this evaluation is skipped
+            ref = self.evaluator.evaluate.remote(params, self.eval_episodes)
+            self.pending.append((ref, update, env_steps))
 
     def _collect(self, wait: bool = False) -> None:
         import ray
@@ -174,16 +247,23 @@ class MetricsBoard:
         still = []
         for ref, update, env_steps in self.pending:
             ready, _ = ray.wait([ref], timeout=None if wait else 0)
-            if ready:
-                self.log.add_eval(update, env_steps, float(np.mean(ray.get(ref))), time.time())
-            else:
+            if not ready:
                 still.append((ref, update, env_steps))
+                continue
+            try:
+                returns = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                self.evaluator_lost = True
+                continue
+            self.log.add_eval(update, env_steps, float(np.mean(returns)), time.time())
         self.pending = still
 
     def rewind(self, update: int) -> None:
-        self.pending = [entry for entry in self.pending if entry[1] <= update]
-        self.log.rewind(update)
+        with self._changed:
+            self.pending = [entry for entry in self.pending if entry[1] <= update]
+            self.log.rewind(update)
 
     def snapshot(self, since: int = 0, wait_evals: bool = False) -> dict:
-        self._collect(wait_evals)
-        return self.log.snapshot(since)
+        with self._changed:
+            self._collect(wait_evals)
+            return {**self.log.snapshot(since), "evaluator_lost": self.evaluator_lost}

@@ -4,9 +4,15 @@ slice can carry the layout. A run that cannot work is refused here, naming why."
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
+import os
+import re
+import time
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from workbench.algos.base import Algorithm, Spaces
@@ -30,6 +36,14 @@ class RunPlan:
     jax_env: Any = None
     """The JAX environment's registry entry: what Anakin learners step, or what the
     evaluator runs as one program when a gymnasium id is a JAX env's view."""
+    run_dir: str = ""
+    """The run's folder (absolute)."""
+    checkpoint_dir: str = ""
+    """Where its checkpoints go (absolute, or a bucket URL)."""
+    identity: dict = dataclasses.field(default_factory=dict)
+    """What a checkpoint records of the run, and what a resume must match."""
+    resume_from: dict | None = None
+    """The identity of the checkpoint being continued (resumes only)."""
 
     def agent(self, num_chips: int) -> AgentSpec:
         return AgentSpec(self.algorithm, self.hyperparameters, self.spaces,
@@ -68,8 +82,76 @@ def plan_run(config: TrainConfig) -> RunPlan:
     algorithm = config.algorithm()
     hyperparameters = config.hyperparameters()
     algorithm.check(hyperparameters, spaces, config.env, config.steps_per_update)
-    return RunPlan(config, algorithm, hyperparameters, spaces, target,
-                   learner.host_rollouts, entry)
+    run_dir, checkpoint_dir = _directories(config)
+    identity = {
+        "run_id": Path(run_dir).name,
+        "env": config.env,
+        "algo": algorithm.name,
+        "algo_config": _as_record(hyperparameters),
+        "spaces": dataclasses.asdict(spaces),
+        "mode": config.mode,
+        "seed": config.seed,
+        "total_env_steps": config.total_env_steps,
+    }
+    resume_from = _check_checkpoints(config, checkpoint_dir, identity)
+    return RunPlan(config, algorithm, hyperparameters, spaces, target, learner.host_rollouts,
+                   entry, run_dir, checkpoint_dir, identity, resume_from)
+
+
+def runs_root() -> Path:
+    """Where runs get their folders by default: ``$WORKBENCH_RUNS``, else ``./runs``."""
+    return Path(os.environ.get("WORKBENCH_RUNS") or "runs").absolute()
+
+
+def _directories(config: TrainConfig) -> tuple[str, str]:
+    from workbench.engine.checkpoint import is_remote
+
+    if config.run_dir:
+        run_dir = config.run_dir if is_remote(config.run_dir) else \
+            str(Path(config.run_dir).absolute())
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        env = re.sub(r"[^A-Za-z0-9]+", "-", config.env).strip("-")
+        name = f"{stamp}-{env}-{config.algo}-s{config.seed}-{uuid.uuid4().hex[:6]}"
+        run_dir = str(runs_root() / name)
+    if config.checkpoint_dir:
+        checkpoint_dir = config.checkpoint_dir if is_remote(config.checkpoint_dir) else \
+            str(Path(config.checkpoint_dir).absolute())
+    else:
+        checkpoint_dir = f"{run_dir.rstrip('/')}/checkpoints"
+    return run_dir, checkpoint_dir
+
+
+def _as_record(config: Any) -> Any:
+    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else repr(config)
+
+
+def _check_checkpoints(config: TrainConfig, checkpoint_dir: str, identity: dict) -> dict | None:
+    """A resume must continue a compatible run; a fresh run must not write over one.
+    Returns the identity of the checkpoint a resume continues."""
+    import workbench.engine.checkpoint as checkpoint
+
+    if checkpoint.is_remote(checkpoint_dir):
+        return None  # checked by the learner that reads it
+    if not config.resume:
+        if Path(checkpoint_dir).is_dir():
+            checkpoint.check_fresh(checkpoint_dir)
+        return None
+    checkpoint.require_checkpoint(checkpoint_dir)
+    meta = checkpoint.latest_meta(checkpoint_dir)
+    if meta is None:
+        raise checkpoint.CheckpointError(
+            f"{checkpoint_dir!r} holds no checkpoint with its {checkpoint.META} (written by "
+            "an older workbench, or damaged): start fresh in another checkpoint_dir."
+        )
+    checkpoint.check_compatible(meta, identity, checkpoint_dir)
+    return meta
+
+
+def slice_record(tpu_slice) -> dict:
+    shape = tpu_slice.shape
+    return {"generation": shape.generation.name, "topology": shape.topology,
+            "chips": shape.chips}
 
 
 def check_slice(plan: RunPlan, tpu_slice) -> None:
@@ -82,6 +164,14 @@ def check_slice(plan: RunPlan, tpu_slice) -> None:
     config = plan.config
     if tpu_slice.released:
         raise ValueError("This slice has been released; reserve a slice and train on that.")
+    if plan.resume_from is not None:
+        from workbench.engine.checkpoint import slice_note
+
+        note = slice_note(plan.resume_from, slice_record(tpu_slice))
+        if note:
+            import logging
+
+            logging.getLogger(__name__).warning("resuming: %s", note)
     if not plan.host_rollouts:
         return
     chips_per_host = tpu_slice.shape.chips_per_host

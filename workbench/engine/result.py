@@ -37,8 +37,16 @@ class TrainResult:
     seed: int
     updates: int
     checkpoint: str | None
+    """The last checkpoint written (a step folder)."""
+    run_dir: str | None = None
+    """The run's folder: ``run.json``, ``result.json``, ``checkpoints/``."""
     target_return: float | None = None
     """The target both target times are measured against (None: the env has none)."""
+    resumed_from_update: int | None = None
+    """The checkpointed update a resumed run continued from."""
+    exact_resume: bool | None = None
+    """Whether a resumed run's environments were restored too (same slice shape), so that
+    it goes on exactly as the run it continues would have."""
     restarts: int = 0
     """Times the run started again on an intact slice after losing a learner or host."""
     env_steps_redone: int = 0
@@ -47,6 +55,8 @@ class TrainResult:
     """Seconds spent getting an intact slice back after losses."""
     rollout_actors_replaced: int = 0
     """Rollout actors that died and were replaced (their batch in flight was lost)."""
+    helpers_replaced: int = 0
+    """Metrics boards and evaluators that were lost and replaced."""
     chip_state_digests: list[str] = field(default_factory=list)
     """SHA-256 of each chip's learner state at the end; all equal."""
     curve: list[dict] = field(default_factory=list)

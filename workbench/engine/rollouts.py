@@ -57,6 +57,12 @@ class SharedRollout:
         self._barrier.wait()
         return self._pieces[part]
 
+    def snapshot(self, policy_version: int) -> bytes | None:
+        return self.worker.snapshot(policy_version)
+
+    def restore(self, snapshot: bytes) -> None:
+        self.worker.restore(snapshot)
+
 
 class RolloutKeeper:
     """Owns a run's rollout actors (as a Ray actor that imports no JAX) and replaces one
@@ -93,6 +99,26 @@ class RolloutKeeper:
             for actor in self.actors:
                 ray.kill(actor)
             return [actor._actor_id.hex() for actor in self.actors]
+
+    def snapshots(self, policy_version: int) -> list[bytes | None]:
+        """Every rollout actor's envs as they were before its rollout for
+        ``policy_version`` (for a checkpoint)."""
+        import ray
+
+        with self._lock:
+            actors = list(self.actors)
+        return ray.get([actor.snapshot.remote(policy_version) for actor in actors])
+
+    def restore(self, snapshots: list[bytes | None]) -> bool:
+        """Put each actor's envs back from a checkpoint; False (nothing changed) if the
+        checkpoint had another number of rollout actors or any could not be pickled."""
+        import ray
+
+        if len(snapshots) != len(self.actors) or any(s is None for s in snapshots):
+            return False
+        ray.get([actor.restore.remote(s) for actor, s in zip(self.actors, snapshots,
+                                                             strict=True)])
+        return True
 
     def replace(self, index: int, dead_actor_id: str):
         with self._lock:

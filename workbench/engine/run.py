@@ -8,6 +8,7 @@ observers of the same handle.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -29,8 +30,8 @@ class TrainingRun:
         tpu_slice: a reserved slice.
         config: what to learn (the engine's default when None).
         release_slice: release the slice when training ends (finished, stopped or failed).
-        **train_kwargs: passed on to :func:`workbench.engine.driver.train` (``poll_s``,
-            ``recover_timeout_s``...).
+        **train_kwargs: how the run is watched, as for :func:`workbench.engine.driver.train`
+            (``poll_s``, ``recover_timeout_s``...).
 
     Raises:
         ValueError: a config or slice that cannot work (nothing is started), or a
@@ -45,10 +46,18 @@ class TrainingRun:
         # Fail in the calling cell, not later in the thread.
         self.plan = plan_run(self.config)
         check_slice(self.plan, tpu_slice)
+        from workbench.engine.driver import WatchOptions
+
         for driven in ("on_update", "should_stop"):
             if driven in train_kwargs:
                 raise ValueError(f"{driven} is driven by the run handle: use "
                                  f"run.on_update(...) and run.stop() instead.")
+        allowed = {f.name for f in dataclasses.fields(WatchOptions)} - {"on_update",
+                                                                         "should_stop"}
+        unknown = sorted(set(train_kwargs) - allowed)
+        if unknown:
+            raise ValueError(f"TrainingRun got unknown options {', '.join(unknown)}; it takes "
+                             f"{', '.join(sorted(allowed))}.")
         self.tpu_slice = tpu_slice
         self.release_slice = release_slice
         self.result: TrainResult | None = None
@@ -81,6 +90,11 @@ class TrainingRun:
         return self
 
     @property
+    def run_dir(self) -> str:
+        """The run's folder (checkpoints, ``run.json``, ``result.json``)."""
+        return self.plan.run_dir
+
+    @property
     def target_return(self) -> float | None:
         """The return the run's targets are measured against (None: the env has none)."""
         return self.plan.target_return
@@ -104,6 +118,10 @@ class TrainingRun:
     # ---- steering ---------------------------------------------------------------------
 
     def start(self) -> TrainingRun:
+        from workbench.engine.stops import handle_termination
+
+        # A kernel told to terminate (a pod evicted) stops this run cleanly first.
+        handle_termination()
         self._thread.start()
         return self
 
@@ -160,11 +178,12 @@ class TrainingRun:
             _call(callback, row)
 
     def _run(self) -> None:
-        from workbench.engine.driver import train
+        from workbench.engine.driver import WatchOptions, run_planned
 
+        options = WatchOptions(on_update=self._on_row, should_stop=self._stop.is_set,
+                               **self._train_kwargs)
         try:
-            self.result = train(self.tpu_slice, self.config, on_update=self._on_row,
-                                should_stop=self._stop.is_set, **self._train_kwargs)
+            self.result = run_planned(self.tpu_slice, self.plan, options)
         except BaseException as error:  # handed to wait(), which re-raises it
             self.error = error
         finally:

@@ -1,19 +1,38 @@
-"""Runs in progress in this process, so that the process ending stops them cleanly.
+"""Runs in progress in this process, and what stops them when the process is asked to go.
 
-A kernel shut down (or a CLI exiting) while a run trains in another thread: each run is
-asked to stop, so the learners write a final checkpoint, and given a few seconds before
-the process (and with it every actor it owns) goes.
+- Interpreter exit (a kernel shut down, a CLI exiting) while a run trains in another
+  thread: each run is asked to stop, so the learners write a final checkpoint, and given a
+  few seconds before the process (and with it every actor it owns) goes.
+- SIGTERM and SIGHUP (what Kubernetes sends a pod it evicts, drains or deletes, and what CI
+  runners send on a timeout): the same, then every slice this process holds is released,
+  and the process ends as the signal meant it to, well inside a pod's 30 s grace period.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
 
+log = logging.getLogger(__name__)
+
 _active: set[threading.Event] = set()
+TERMINATION_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+STOP_GRACE_S = 20.0
+"""How long a terminated process gives its runs to stop and checkpoint (a pod has 30 s)."""
+
+
+class Terminated(BaseException):
+    """The process got SIGTERM or SIGHUP; its runs have stopped and checkpointed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+        self.signum = signum
 
 
 def stop_all(grace_s: float = 4.0) -> None:
@@ -39,3 +58,51 @@ def registered(event: threading.Event) -> Iterator[None]:
         yield
     finally:
         _active.discard(event)
+
+
+def handle_termination(*, raise_in_main: bool = False) -> bool:
+    """Make SIGTERM and SIGHUP stop this process's runs cleanly before it goes.
+
+    Called from the main thread (signals can only be handled there); elsewhere, or when the
+    handlers are already in place, it does nothing.
+
+    Args:
+        raise_in_main: after the runs have stopped, raise :class:`Terminated` in the main
+            thread (the CLI reports it and exits) instead of ending the process the way
+            the signal's previous handler would (a notebook kernel).
+
+    Returns:
+        Whether the handlers are in place.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    for signum in TERMINATION_SIGNALS:
+        previous = signal.getsignal(signum)
+        if getattr(previous, "workbench_stops", False):
+            continue
+        signal.signal(signum, _handler(previous, raise_in_main))
+    return True
+
+
+def _handler(previous, raise_in_main: bool):
+    def on_signal(signum, frame) -> None:
+        log.warning("%s: stopping training (final checkpoint) and releasing slices",
+                    signal.Signals(signum).name)
+        stop_all(STOP_GRACE_S)
+        _release_slices()
+        if raise_in_main:
+            raise Terminated(signum)
+        signal.signal(signum, previous)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            os.kill(os.getpid(), signum)
+
+    on_signal.workbench_stops = True
+    return on_signal
+
+
+def _release_slices() -> None:
+    from workbench.tpu.slice import release_all
+
+    release_all()

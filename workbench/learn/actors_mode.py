@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from workbench.algos.base import Trajectory, join_env_columns
-from workbench.learn.learner import AXIS, ChipLearner, LearnerSetup, StepOutcome, to_numpy
+from workbench.learn.learner import AXIS, ChipLearner, LearnerSetup, StepOutcome
 from workbench.learn.rollout import RolloutBatch
 
 
@@ -64,6 +64,8 @@ class BatchLearner(ChipLearner):
         super().__init__(setup)
         self.source = source
         self._pending = False
+        self._pending_policy = None
+        self._resumed_policy = None
         self._per_env = NamedSharding(self.mesh, P(None, AXIS))
         specs = self._trajectory_specs()
         self._update = jax.jit(
@@ -118,17 +120,25 @@ class BatchLearner(ChipLearner):
             shapes, shardings,
         )
         return self._update.lower(self.state, abstract, self._update_key(),
-                                  self._stop_flag(False))
+                                  self._requests(False, False))
 
-    def step(self, stop: bool = False) -> StepOutcome:
+    def _request(self, policy, version: int) -> None:
+        self._pending_policy = policy
+        self.source.request(policy, version)
+
+    def step(self, stop: bool = False, checkpoint: bool = False) -> StepOutcome:
         import jax
 
         if not self._pending:
-            self.source.request(self.policy_numpy(), self._updates)
+            # A resumed run asks first for what the checkpointed run had in flight.
+            policy = self._resumed_policy if self._resumed_policy is not None else \
+                self.policy_numpy()
+            self._resumed_policy = None
+            self._request(policy, self._updates)
         batches = self.source.take()
         # NOTE: the next rollout starts now, with the parameters the batches above were
         # not made with, and runs while this update computes: exactly one version behind.
-        self.source.request(self.policy_numpy(), self._updates + 1)
+        self._request(self.policy_numpy(), self._updates + 1)
         self._pending = True
         started = time.perf_counter()
         local = join_env_columns([b.trajectory for b in batches], concatenate=np.concatenate)
@@ -140,13 +150,15 @@ class BatchLearner(ChipLearner):
             last_obs=jax.make_array_from_process_local_data(self._per_chip, local.last_obs)
         )
         self.compile()
-        self.state, metrics, any_stop = self._compiled(
-            self.state, trajectory, self._update_key(), self._stop_flag(stop)
+        self.state, metrics, agreed = self._compiled(
+            self.state, trajectory, self._update_key(), self._requests(stop, checkpoint)
         )
         self._updates += 1
+        agreed_stop, agreed_checkpoint = self._agreed(agreed)
         return StepOutcome(
             metrics=self._metrics(metrics),
-            stop=bool(to_numpy(any_stop)),
+            stop=agreed_stop,
+            checkpoint=agreed_checkpoint,
             step_s=time.perf_counter() - started,
             env_steps=sum(b.env_steps for b in batches) * self.num_chips,
             episode_returns=tuple(r for b in batches for r in b.episode_returns),
@@ -157,3 +169,22 @@ class BatchLearner(ChipLearner):
         if self._pending:
             self.source.drain()
             self._pending = False
+
+    def resume_state(self) -> dict:
+        # The rollout in flight was asked for with the policy before this update: a resumed
+        # run asks for the same (and its rollout actors restart from their envs then).
+        import jax
+
+        return {"pending_policy": jax.tree.leaves(self._pending_policy)}
+
+    def load_resume_state(self, resume: dict[str, list]) -> bool:
+        import jax
+
+        leaves = resume.get("pending_policy")
+        if not leaves:
+            return False
+        treedef = jax.tree.structure(self.policy_numpy())
+        if treedef.num_leaves != len(leaves):
+            return False
+        self._resumed_policy = jax.tree.unflatten(treedef, list(leaves))
+        return True

@@ -118,15 +118,15 @@ class AnakinLearner(ChipLearner):
         rollout = make_rollout(env, self.agent.act, setup.rollout_length)
         policy_of, chip_update = self.agent.policy, self.chip_update
 
-        def local_step(state, carry, key, stop):
+        def local_step(state, carry, key, requests):
             rollout_key, update_key = jax.random.split(key)
             # ---- rollout: this chip's envs, its own randomness -------------------------
             carry, trajectory, ended = rollout(
                 policy_of(state), carry, jax.random.fold_in(rollout_key, jax.lax.axis_index(AXIS))
             )
             # ---- update: the same update as the actors mode ----------------------------
-            state, metrics, any_stop = chip_update(state, trajectory, update_key, stop)
-            return state, carry, metrics, ended, any_stop
+            state, metrics, agreed = chip_update(state, trajectory, update_key, requests)
+            return state, carry, metrics, ended, agreed
 
         self._step = jax.jit(
             jax.shard_map(
@@ -154,21 +154,47 @@ class AnakinLearner(ChipLearner):
 
     def _lower(self):
         return self._step.lower(self.state, self.carry, self._update_key(),
-                                self._stop_flag(False))
+                                self._requests(False, False))
 
-    def step(self, stop: bool = False) -> StepOutcome:
+    def step(self, stop: bool = False, checkpoint: bool = False) -> StepOutcome:
         started = time.perf_counter()
         self.compile()
-        self.state, self.carry, metrics, ended, any_stop = self._compiled(
-            self.state, self.carry, self._update_key(), self._stop_flag(stop)
+        self.state, self.carry, metrics, ended, agreed = self._compiled(
+            self.state, self.carry, self._update_key(), self._requests(stop, checkpoint)
         )
         self._updates += 1
         ended = to_numpy(ended)
+        agreed_stop, agreed_checkpoint = self._agreed(agreed)
         return StepOutcome(
             metrics=self._metrics(metrics),
-            stop=bool(to_numpy(any_stop)),
+            stop=agreed_stop,
+            checkpoint=agreed_checkpoint,
             step_s=time.perf_counter() - started,
             env_steps=self.steps_per_update,
             episode_returns=tuple(float(r) for r in ended[~np.isnan(ended)]),
             policy_versions=(self._updates - 1,),
         )
+
+    def resume_state(self) -> dict:
+        # Every chip's environments, gathered (a collective: all chips call this together).
+        import jax
+        from jax.experimental import multihost_utils
+
+        return {"carry": jax.tree.leaves(multihost_utils.process_allgather(self.carry,
+                                                                            tiled=True))}
+
+    def load_resume_state(self, resume: dict[str, list]) -> bool:
+        import jax
+
+        leaves = resume.get("carry")
+        template = jax.tree.leaves(self.carry)
+        if not leaves or len(leaves) != len(template) or any(
+            np.shape(a) != b.shape for a, b in zip(leaves, template, strict=True)
+        ):
+            return False  # another slice shape: these chips' envs start afresh
+        restored = [
+            jax.make_array_from_callback(b.shape, b.sharding, lambda index, a=a: a[index])
+            for a, b in zip(leaves, template, strict=True)
+        ]
+        self.carry = jax.tree.unflatten(jax.tree.structure(self.carry), restored)
+        return True

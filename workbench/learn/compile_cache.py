@@ -24,6 +24,28 @@ def cache_root() -> str:
     )
 
 
+def private_cache_root() -> str | None:
+    """The compile cache's folder if it is this user's and nobody else can write it
+    (created so), else None with a warning: the cache is then not used."""
+    import stat
+
+    root = cache_root()
+    try:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        info = os.stat(root)
+    except OSError as error:
+        log.warning("compile cache %s unusable (%s)", root, error)
+        return None
+    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        log.warning(
+            "not using the compile cache %s: others can write it (mode %s, owner %d), and "
+            "what it holds would run as code; make it private (chmod 700) or set "
+            "WORKBENCH_JAX_CACHE to a folder of yours", root, stat.filemode(info.st_mode),
+            info.st_uid)
+        return None
+    return root
+
+
 def program_key(program_text: str, process_index: int, process_count: int, runtime: str) -> str:
     """The file name of one process's compiled program.
 
@@ -64,7 +86,11 @@ def load_or_compile(lowered, directory: str | None = None):
 
     if jax.process_index() == 0:
         return lowered.compile()
-    directory = directory or os.path.join(cache_root(), "per-process")
+    if directory is None:
+        root = private_cache_root()
+        if root is None:
+            return lowered.compile()
+        directory = os.path.join(root, "per-process")
     name = program_key(lowered.as_text(), jax.process_index(), jax.process_count(),
                        _runtime_description())
     path = os.path.join(directory, name)

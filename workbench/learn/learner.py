@@ -60,6 +60,8 @@ class StepOutcome:
     metrics: dict[str, float]
     stop: bool
     """Every chip agreed to stop after this update."""
+    checkpoint: bool
+    """Every chip agreed that this update is checkpointed (see :meth:`ChipLearner.resume_state`)."""
     step_s: float
     env_steps: int
     """Env steps this update learned from, over all chips."""
@@ -120,12 +122,23 @@ class ChipLearner:
             self._compiled = load_or_compile(self._lower())
         return time.perf_counter() - started
 
-    def step(self, stop: bool = False) -> StepOutcome:
-        """One update; every chip of the slice must call it together."""
+    def step(self, stop: bool = False, checkpoint: bool = False) -> StepOutcome:
+        """One update; every chip of the slice must call it together. ``stop`` and
+        ``checkpoint`` are this chip's requests; the outcome says what all chips agreed."""
         raise NotImplementedError
 
     def finish(self) -> None:
         """Called once after the last step (a mode may have work in flight)."""
+
+    def resume_state(self) -> dict:
+        """What besides the learner state makes a resume exact, as numpy pytrees by name.
+        Every chip must call it together, after the same update (it may gather)."""
+        return {}
+
+    def load_resume_state(self, resume: dict[str, list]) -> bool:
+        """Take back what :meth:`resume_state` gave (its leaves, by name); False if it does
+        not fit this learner (another slice shape), which then starts its envs afresh."""
+        return not resume
 
     def _lower(self):
         raise NotImplementedError
@@ -182,12 +195,17 @@ class ChipLearner:
         """The same key on every chip for this update."""
         return self._replicate(run_keys.update_key(self.keys, self._updates))
 
-    def _stop_flag(self, stop: bool):
+    def _requests(self, stop: bool, checkpoint: bool):
+        """This chip's request flags, as the sync strategy takes them (one row per chip)."""
         import jax
 
         return jax.make_array_from_process_local_data(
-            self._per_chip, np.asarray([int(stop)], np.int32)
+            self._per_chip, np.asarray([[int(stop), int(checkpoint)]], np.int32)
         )
+
+    def _agreed(self, agreed) -> tuple[bool, bool]:
+        stop, checkpoint = (bool(x) for x in to_numpy(agreed))
+        return stop, checkpoint
 
     def _metrics(self, metrics) -> dict[str, float]:
         return {k: float(v) for k, v in to_numpy(metrics).items()}

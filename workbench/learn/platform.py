@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from workbench.learn.compile_cache import cache_root
+from workbench.learn.compile_cache import private_cache_root
 
 
 class DistributedStartError(RuntimeError):
@@ -24,19 +24,35 @@ def configure_jax_platform(platform: str) -> None:
     jax.config.update("jax_platforms", platform)
     # Every learner compiles the same update; a persistent cache lets later runs (and
     # restarted learners) skip the compile. Process 0 uses JAX's; the other ranks of a
-    # slice also keep theirs through workbench.learn.compile_cache.
-    jax.config.update("jax_compilation_cache_dir", cache_root())
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    # slice also keep theirs through workbench.learn.compile_cache. Only a cache folder
+    # nobody else can write is used: what it holds is loaded as code.
+    root = private_cache_root()
+    if root is not None:
+        jax.config.update("jax_compilation_cache_dir", root)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     if platform == "cpu":
         jax.config.update("jax_num_cpu_devices", 1)
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 
-def join_distributed(coordinator: str, num_processes: int, rank: int, timeout_s: float) -> float:
-    """Join the slice's ``jax.distributed`` group; returns the seconds it took."""
+def join_distributed(coordinator: str, num_processes: int, rank: int, timeout_s: float,
+                     own_address: str | None = None) -> float:
+    """Join the slice's ``jax.distributed`` group; returns the seconds it took.
+
+    Args:
+        coordinator: ``host:port`` of rank 0's coordinator (bound to that address only).
+        num_processes: the group's size (the slice's chips).
+        rank: this process's place in it.
+        timeout_s: how long to wait for the whole group.
+        own_address: this node's address; CPU collectives (gloo) listen there. Without it
+            gloo listens on whatever this machine's hostname resolves to, which on a host
+            whose name resolves to an external address is reachable from outside.
+    """
     import jax
 
     started = time.monotonic()
+    if own_address:
+        bind_cpu_collectives(own_address)
     if num_processes > 1:
         jax.distributed.initialize(
             coordinator_address=coordinator,
@@ -51,6 +67,27 @@ def join_distributed(coordinator: str, num_processes: int, rank: int, timeout_s:
         )
     return time.monotonic() - started
 
+
+def bind_cpu_collectives(address: str) -> None:
+    """Make the CPU backend's gloo collectives listen on ``address`` only.
+
+    NOTE: JAX builds gloo's TCP transport from the hostname unless told otherwise, and its
+    config has no option for it; the CPU backend's factory is replaced (before any backend
+    exists) by one that names the address. ``jax._src`` is private, so this is the one
+    place the workbench reaches into it.
+    """
+    from jax._src import distributed, xla_bridge
+    from jaxlib import _jax
+
+    def make_cpu_client():
+        collectives = None
+        if distributed.global_state.client is not None:
+            collectives = _jax.make_gloo_tcp_collectives(
+                distributed_client=distributed.global_state.client, hostname=address
+            )
+        return xla_bridge.make_cpu_client(collectives=collectives)
+
+    xla_bridge.register_backend_factory("cpu", make_cpu_client, priority=0)
 
 
 def current_platform() -> str:

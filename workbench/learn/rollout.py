@@ -7,6 +7,8 @@ jitted on the CPU; the worker never touches a TPU and knows no algorithm by name
 
 from __future__ import annotations
 
+import logging
+import pickle
 from dataclasses import dataclass, field, replace
 
 import gymnasium as gym
@@ -15,6 +17,8 @@ import numpy as np
 from workbench.algos.base import CONTINUOUS, DISCRETE, Spaces, Trajectory
 from workbench.learn import keys as run_keys
 from workbench.learn.heap import release_freed_memory
+
+log = logging.getLogger(__name__)
 
 
 def make_vector_env(env_id: str, num_envs: int, seed: int) -> gym.vector.VectorEnv:
@@ -185,6 +189,8 @@ class RolloutWorker:
         self._episode_return = np.zeros(num_envs)
         self._episode_length = np.zeros(num_envs, dtype=np.int64)
         self._compiled = False
+        self._snapshots: dict[int, bytes | None] = {}
+        self._unpicklable_warned = False
 
     def _policy_shapes(self):
         import jax
@@ -201,9 +207,41 @@ class RolloutWorker:
         self._compiled = True
         release_freed_memory()
 
+    # ---- exact resumes -------------------------------------------------------------------
+
+    def _snapshot(self) -> bytes | None:
+        try:
+            return pickle.dumps((self.env, self._obs, self._done, self._episode_return,
+                                 self._episode_length, np.asarray(self._key)))
+        except (pickle.PicklingError, TypeError, AttributeError) as error:
+            if not self._unpicklable_warned:
+                self._unpicklable_warned = True
+                log.warning("%s's envs cannot be pickled (%s): a resumed run starts them "
+                            "afresh", self.env_id, error)
+            return None
+
+    def snapshot(self, policy_version: int) -> bytes | None:
+        """The envs as they were before the rollout for ``policy_version`` (the last two
+        rollouts' are kept): what a checkpoint needs to resume this worker exactly."""
+        return self._snapshots.get(policy_version)
+
+    def restore(self, snapshot: bytes) -> None:
+        """Continue from a :meth:`snapshot` (read from this user's own checkpoint)."""
+        env, obs, done, episode_return, episode_length, key = pickle.loads(snapshot)
+        if obs.shape[0] != self.num_envs:
+            raise ValueError(f"the snapshot holds {obs.shape[0]} envs, this worker "
+                             f"{self.num_envs}")
+        self.env.close()
+        self.env, self._obs, self._done = env, obs, done
+        self._episode_return, self._episode_length, self._key = episode_return, \
+            episode_length, key
+
     def sample(self, policy, policy_version: int) -> RolloutBatch:
         """Collect one rollout acting with ``policy`` (a pytree of numpy arrays)."""
         import jax
+
+        self._snapshots = {v: b for v, b in self._snapshots.items() if v >= policy_version - 1}
+        self._snapshots[policy_version] = self._snapshot()
 
         T, N = self.rollout_length, self.num_envs
         obs_buf = np.zeros((T, N) + self._obs.shape[1:], dtype=np.float32)

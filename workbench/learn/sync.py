@@ -13,8 +13,8 @@ Two exact strategies, differing only in what crosses the interconnect:
   few cores: the other chips' processes leave the cores to the one doing the work.
 
 The strategy is chosen once, on the driver (:func:`resolve`), and recorded in the result.
-Each chip's wish to stop rides along in the update's own collectives, so agreeing on it
-costs no extra round trip.
+Each chip's requests (to stop after this update, to checkpoint it) ride along in the
+update's own collectives, so agreeing on them costs no extra round trip.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from workbench.algos.base import LOCAL, ChipMean, join_env_columns
 
 STRATEGIES = ("gradients", "batch")
 CHOICES = ("auto", *STRATEGIES)
+REQUESTS = ("stop", "checkpoint")
+"""What a chip can ask of the others after an update: one flag each, in this order."""
 
 
 def resolve(requested: str, platform: str) -> str:
@@ -52,10 +54,11 @@ def checks_replication(strategy: str) -> bool:
 
 def chip_update(update: Callable, strategy: str, axis: str) -> Callable:
     """``update(state, trajectory, key, chips)`` as each chip runs it inside the mesh:
-    ``(state, trajectory, key, stop) -> (state, metrics, any_stop)``.
+    ``(state, trajectory, key, requests) -> (state, metrics, agreed)``.
 
-    ``stop`` is this chip's wish to end the run (a one-element array); ``any_stop`` is
-    true on every chip when any chip asked.
+    ``requests`` is this chip's flags (see :data:`REQUESTS`), an int array of that length
+    (any leading axes of size one); ``agreed`` is a bool array of the same length, true on
+    every chip where any chip asked.
     """
     if strategy == "gradients":
         return _averaged(update, axis)
@@ -70,13 +73,13 @@ def _averaged(update: Callable, axis: str) -> Callable:
 
     chips = ChipMean(axis)
 
-    def run(state, trajectory, key, stop):
+    def run(state, trajectory, key, requests):
         # Each chip shuffles its own data, so each needs its own key.
         key = jax.random.fold_in(key, jax.lax.axis_index(axis))
         state, metrics = update(state, trajectory, key, chips)
-        stop = jnp.asarray(stop, jnp.float32).reshape(())
-        metrics = chips.mean({**metrics, "stop": stop})
-        return state, metrics, metrics.pop("stop") > 0
+        flags = jnp.asarray(requests, jnp.float32).reshape(len(REQUESTS))
+        metrics = chips.mean({**metrics, "_requests": flags})
+        return state, metrics, metrics.pop("_requests") > 0
 
     return run
 
@@ -86,16 +89,16 @@ def _gathered(update: Callable, axis: str) -> Callable:
     import jax.numpy as jnp
     from jax.flatten_util import ravel_pytree
 
-    def run(state, trajectory, key, stop):
-        stop = jnp.asarray(stop, jnp.float32).reshape(())
+    def run(state, trajectory, key, requests):
+        flags = jnp.asarray(requests, jnp.float32).reshape(len(REQUESTS))
         # NOTE: the first of the update's two collectives: every chip gets every chip's
-        # trajectories (and stop flag) as one flat vector, since on CPU each collective
+        # trajectories (and requests) as one flat vector, since on CPU each collective
         # costs milliseconds whatever its size. Only the leader learns; the others wait
         # for the second, which hands them its result, so every chip ends with the same
         # state, bit for bit.
-        chips = gather_from_chips((trajectory, stop), axis)
+        chips = gather_from_chips((trajectory, flags), axis)
         trajectory = join_env_columns([t for t, _ in chips])
-        any_stop = jnp.max(jnp.stack([s for _, s in chips])) > 0
+        agreed = jnp.max(jnp.stack([f for _, f in chips]), axis=0) > 0
 
         def learn():
             return update(state, trajectory, key, LOCAL)
@@ -111,7 +114,7 @@ def _gathered(update: Callable, axis: str) -> Callable:
         # makes twice the hops, each one waiting for a process to be scheduled).
         flat, unravel = ravel_pytree(result)
         state, metrics = unravel(jax.lax.all_gather(flat, axis)[0])
-        return state, metrics, any_stop
+        return state, metrics, agreed
 
     return run
 
@@ -126,4 +129,5 @@ def gather_from_chips(tree, axis: str) -> list:
     return [unravel(row) for row in jax.lax.all_gather(flat, axis)]
 
 
-__all__ = ["CHOICES", "STRATEGIES", "ChipMean", "chip_update", "checks_replication", "resolve"]
+__all__ = ["CHOICES", "REQUESTS", "STRATEGIES", "ChipMean", "checks_replication", "chip_update",
+           "resolve"]

@@ -18,11 +18,13 @@ from workbench.tpu.catalog import (
 )
 from workbench.tpu.cluster import (
     ClusterError,
+    ClusterSession,
     Connection,
     LocalCluster,
     connect,
     connection,
     disconnect,
+    join_or_start,
     local_cluster,
     parse_address,
 )
@@ -32,6 +34,7 @@ __all__ = [
     "GENERATIONS",
     "CatalogError",
     "ClusterError",
+    "ClusterSession",
     "Connection",
     "Generation",
     "LocalCluster",
@@ -44,6 +47,7 @@ __all__ = [
     "connection",
     "disconnect",
     "generation_names",
+    "join_or_start",
     "list_slices",
     "local_cluster",
     "parse_address",

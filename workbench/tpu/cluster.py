@@ -186,6 +186,64 @@ def _ray_local_only(enabled: bool):
         ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
+@dataclass
+class ClusterSession:
+    """The cluster a notebook or command runs on: one it joined, or a simulated one it
+    started. ``close()`` (or leaving a ``with`` block) disconnects, or stops the simulator."""
+
+    where: str
+    """Which cluster, in words, for a notebook's output and a command's summary."""
+    address: str
+    simulated: LocalCluster | None = None
+
+    def close(self) -> None:
+        if self.simulated is not None:
+            self.simulated.shutdown()
+        else:
+            disconnect()
+
+    def __enter__(self) -> ClusterSession:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def join_or_start(
+    address: str | None = None,
+    slices: Sequence[tuple[str, str] | SliceShape] = (("v6e", "2x2"),),
+    *,
+    node_ip: str | None = None,
+    timeout_s: float = 180.0,
+) -> ClusterSession:
+    """Join the cluster this code runs in, or start a simulated one when there is none.
+
+    ``address``, else ``RAY_ADDRESS`` (what a KubeRay JupyterHub pod has, often
+    ``ray://<cluster>-head-svc:10001``), is joined; only with neither is the simulated
+    cluster started, with ``slices``.
+
+    Args:
+        address: a Ray address (``host:6379`` or ``ray://host:10001``); empty or None to
+            use ``RAY_ADDRESS``.
+        slices: what a simulated cluster holds.
+        node_ip: the driver's own address, for a cluster bound to loopback.
+        timeout_s: how long a simulated cluster may take to start.
+
+    Raises:
+        ClusterError: the address is malformed or does not answer, or the simulator did
+            not start.
+    """
+    target = address or os.environ.get("RAY_ADDRESS")
+    if target:
+        connection = connect(target, node_ip=node_ip or None)
+        return ClusterSession(f"the Ray cluster at {connection.address}", connection.address)
+    cluster = local_cluster(slices, timeout_s=timeout_s)
+    return ClusterSession(
+        "a simulated cluster on this machine (no address given and RAY_ADDRESS unset)",
+        cluster.address, cluster,
+    )
+
+
 def disconnect() -> None:
     """Disconnect the driver; placement groups it created are removed by Ray."""
     global _connection

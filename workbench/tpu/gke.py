@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +68,14 @@ HEAD_CPUS = 4
 HEAD_MEMORY = "16Gi"
 PYTHON_VERSION = "3.11"
 RAY_CLIENT_PORT = 10001
-FILES = ("raycluster.yaml", "jupyterhub-values.yaml", "Dockerfile", "Dockerfile.dockerignore")
+FILES = ("raycluster.yaml", "ray-networkpolicy.yaml", "jupyterhub-values.yaml", "Dockerfile",
+         "Dockerfile.dockerignore")
+# Seconds Kubernetes waits between SIGTERM and SIGKILL. A training run stops after its
+# current update, checkpoints and releases its slice within workbench.engine.stops's 20 s;
+# this leaves Ray's own shutdown room too.
+TERMINATION_GRACE_S = 60
+# What the image's Dockerfile runs as (JupyterHub's single-user convention).
+RUN_AS_USER, RUN_AS_GROUP = 1000, 100
 
 _PACKAGE = "tpu-rl-workbench"
 # KubeRay takes names up to 53 characters, but the webhook's hostnames name the
@@ -78,7 +86,7 @@ _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _IMAGE = re.compile(
     rf"^(?P<name>(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*)"
-    r":(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})$"
+    r":(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
 )
 
 
@@ -95,7 +103,8 @@ class GkeDeployment:
     slices: int
     """How many slices of that shape the cluster holds (worker group replicas)."""
     image: str
-    """The image head, TPU hosts and single-user pods all run (``name:tag``)."""
+    """The image head, TPU hosts and single-user pods all run (``name:tag``, optionally
+    ``@sha256:…`` pinned)."""
     namespace: str
     """Kubernetes namespace of the RayCluster."""
     name: str
@@ -178,8 +187,10 @@ def _check_image(image: object) -> str:
     if not isinstance(image, str) or not _IMAGE.fullmatch(image):
         raise GkeConfigError(
             f"Image {image!r} is not a tagged image reference. Give REGISTRY/PATH:TAG in "
-            f"lowercase, e.g. {DEFAULT_IMAGE!r}; a tag is required so that the head, every "
-            "TPU host and every notebook run the same build."
+            f"lowercase, e.g. {DEFAULT_IMAGE!r}, optionally pinned by digest "
+            "(REGISTRY/PATH:TAG@sha256:<64 hex digits>, what `docker push` prints); a tag "
+            "is required so that the head, every TPU host and every notebook run the same "
+            "build."
         )
     return image
 
@@ -237,23 +248,55 @@ def _labels(dep: GkeDeployment) -> dict[str, str]:
     }
 
 
+def container_security() -> dict:
+    """Least privilege for every container: not root, no privilege escalation, no Linux
+    capabilities. GKE's TPU device plugin gives a pod its chips without privileged mode
+    (GKE 1.28 and later)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_GROUP,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def _pod_template(dep: GkeDeployment, container: str, resources: dict[str, str],
-                  ports: dict[str, int], node_selector: dict[str, str] | None = None) -> dict:
+                  ports: dict[str, int], node_selector: dict[str, str] | None = None,
+                  env: list[dict] | None = None) -> dict:
     """A Ray pod: one container of the deployment's image with equal requests and limits,
-    and a memory-backed /dev/shm (Ray's object store lives there; a container's default
-    one is only 64 MiB)."""
+    least privilege, a grace period a training run can checkpoint in, and a memory-backed
+    /dev/shm (Ray's object store lives there; a container's default one is only 64 MiB)."""
     spec: dict = {"nodeSelector": dict(node_selector)} if node_selector else {}
-    spec["containers"] = [
-        {
-            "name": container,
-            "image": dep.image,
-            "resources": {"requests": resources, "limits": dict(resources)},
-            "ports": [{"name": name, "containerPort": port} for name, port in ports.items()],
-            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-        }
-    ]
+    spec["terminationGracePeriodSeconds"] = TERMINATION_GRACE_S
+    spec["securityContext"] = {"fsGroup": RUN_AS_GROUP}
+    body = {
+        "name": container,
+        "image": dep.image,
+        "resources": {"requests": resources, "limits": dict(resources)},
+        "ports": [{"name": name, "containerPort": port} for name, port in ports.items()],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "securityContext": container_security(),
+    }
+    if env:
+        body["env"] = env
+    spec["containers"] = [body]
     spec["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
     return {"metadata": {"labels": _labels(dep)}, "spec": spec}
+
+
+def tpu_worker_env() -> list[dict]:
+    """The environment KubeRay's own TPU samples give a TPU worker: the node's address,
+    the TPU runtime's control service on it, JAX on the TPU (CPU as fallback), and PJRT
+    compatibility for the TPU plugin. TPU_NAME, TPU_WORKER_ID, TPU_WORKER_HOSTNAMES,
+    TPU_ACCELERATOR_TYPE and TPU_TOPOLOGY are left to the webhook and the device plugin."""
+    return [
+        {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+        {"name": "VBAR_CONTROL_SERVICE_URL", "value": "$(NODE_IP):8353"},
+        {"name": "JAX_PLATFORMS", "value": "tpu,cpu"},
+        {"name": "ENABLE_PJRT_COMPATIBILITY", "value": "true"},
+    ]
 
 
 def _head_group(dep: GkeDeployment) -> dict:
@@ -293,7 +336,7 @@ def _tpu_group(dep: GkeDeployment) -> dict:
         "numOfHosts": shape.hosts,
         "rayStartParams": {},
         "template": _pod_template(dep, "ray-worker", resources, ports,
-                                  node_selector=shape.gke_node_selector),
+                                  node_selector=shape.gke_node_selector, env=tpu_worker_env()),
     }
 
 
@@ -319,6 +362,29 @@ def raycluster_manifest(dep: GkeDeployment) -> dict:
     }
 
 
+def network_policy(dep: GkeDeployment) -> dict:
+    """Ingress to the Ray pods of the deployment only from its own Ray pods, and from its
+    JupyterHub single-user pods to the head's Ray Client port (``ray.io/cluster`` is the
+    label KubeRay puts on every pod of a RayCluster)."""
+    ray_pods = {"podSelector": {"matchLabels": {"ray.io/cluster": dep.name}}}
+    notebooks = {"podSelector": {"matchLabels": {"component": "singleuser-server"}}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": f"{dep.name}-ray", "namespace": dep.namespace,
+                     "labels": _labels(dep)},
+        "spec": {
+            "podSelector": {"matchLabels": {"ray.io/cluster": dep.name}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [ray_pods]},
+                {"from": [notebooks],
+                 "ports": [{"port": RAY_CLIENT_PORT, "protocol": "TCP"}]},
+            ],
+        },
+    }
+
+
 def jupyterhub_values(dep: GkeDeployment) -> dict:
     """zero-to-jupyterhub Helm values: single-user pods on the workbench image with
     ``RAY_ADDRESS`` set, so ``workbench.connect()`` finds the cluster with no arguments.
@@ -329,7 +395,10 @@ def jupyterhub_values(dep: GkeDeployment) -> dict:
     Returns:
         The values as plain data.
     """
-    image_name, _, tag = dep.image.rpartition(":")
+    reference, _, digest = dep.image.partition("@")
+    image_name, _, tag = reference.rpartition(":")
+    # The chart joins name and tag with ":"; a digest rides on the tag ("TAG@sha256:...").
+    tag = f"{tag}@{digest}" if digest else tag
     head_pods = {
         "podSelector": {
             "matchLabels": {"ray.io/cluster": dep.name, "ray.io/node-type": "head"}
@@ -356,6 +425,9 @@ def jupyterhub_values(dep: GkeDeployment) -> dict:
         "singleuser": {
             "image": {"name": image_name, "tag": tag},
             "defaultUrl": "/lab",
+            # A notebook that trains gets SIGTERM on eviction; it stops the run with a
+            # checkpoint and releases its slice before this runs out.
+            "extraPodConfig": {"terminationGracePeriodSeconds": TERMINATION_GRACE_S},
             "extraEnv": {"RAY_ADDRESS": dep.ray_address},
             "cpu": {"guarantee": 1, "limit": 2},
             "memory": {"guarantee": "4G", "limit": "8G"},
@@ -454,6 +526,8 @@ def render(dep: GkeDeployment) -> dict[str, str]:
     """
     return {
         "raycluster.yaml": _yaml_text(dep, raycluster_manifest(dep), "KubeRay RayCluster"),
+        "ray-networkpolicy.yaml": _yaml_text(dep, network_policy(dep),
+                                             "NetworkPolicy for the Ray pods"),
         "jupyterhub-values.yaml": _yaml_text(
             dep, jupyterhub_values(dep), "zero-to-jupyterhub Helm values"
         ),
@@ -479,6 +553,12 @@ def write_files(dep: GkeDeployment, out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise GkeConfigError(f"--out {str(out)!r} exists and is not a folder; pick a folder.")
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise GkeConfigError(
+            f"--out {str(out)!r} cannot be written ({str(existing)!r} is not a folder you "
+            "can write); pick a folder you can write."
+        )
     texts = render(dep)  # render fully before touching the disk
     blocked = [name for name in texts if (out / name).is_dir()]
     if blocked:
@@ -521,7 +601,8 @@ def summary(dep: GkeDeployment, written: list[Path]) -> str:
         f"cloud.google.com/gke-tpu-accelerator={shape.generation.gke_accelerator}.",
         f"Notebooks connect with RAY_ADDRESS={dep.ray_address}",
         f"Next: build and push {dep.image} from {folder / 'Dockerfile'}, "
-        f"`kubectl apply -f {folder / 'raycluster.yaml'}`, then install the "
+        f"`kubectl apply -f {folder / 'raycluster.yaml'} -f "
+        f"{folder / 'ray-networkpolicy.yaml'}`, then install the "
         f"jupyterhub chart with -f {folder / 'jupyterhub-values.yaml'}.",
     ])
 

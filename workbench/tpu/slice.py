@@ -259,7 +259,9 @@ _held: weakref.WeakSet[Slice] = weakref.WeakSet()
 
 
 @atexit.register
-def _release_all() -> None:
+def release_all() -> None:
+    """Release every slice this process holds (at exit, and when the process is told to
+    terminate)."""
     for held in list(_held):
         try:
             held.release()

@@ -1,0 +1,151 @@
+"""A Ray cluster started the way KubeRay starts one: plain ``ray start`` processes, a CPU-only
+head with a Ray Client server, and TPU hosts as separate nodes carrying what GKE's TPU
+webhook gives a TPU VM (the ``TPU_*`` variables, the ``TPU`` resource). Not the project's
+simulator: nothing of the workbench starts it.
+
+Every node runs under ``ray start --block``, so each has one process that owns it; the
+cluster is stopped by stopping those, then anything left that names its temp dir, and the
+Ray Client server (which names neither) by its process id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from workbench.tpu.catalog import parse_shape
+from workbench.tpu.ports import free_port
+
+NODE_IP = "127.0.0.2"  # `ray start` rewrites a literal 127.0.0.1 to the machine's address
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+@dataclass
+class KubeRayLikeCluster:
+    temp_dir: Path
+    gcs_address: str = ""
+    client_address: str = ""
+    slices: list[str] = field(default_factory=list)
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    tree: set[int] = field(default_factory=set)
+
+    def env(self, extra: dict | None = None) -> dict:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("TPU_", "RAY_ADDRESS", "RAY_ENABLE_WINDOWS"))}
+        # No token authentication (KubeRay's default), whatever an earlier run left.
+        env.update({"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+                    "JAX_PLATFORMS": "cpu", **(extra or {})})
+        return env
+
+    def _ports(self) -> list[str]:
+        # Each node its own worker-port range, away from the client and GCS ports.
+        low = free_port(NODE_IP)
+        low = 20000 + (low % 20000)
+        return ["--min-worker-port", str(low), "--max-worker-port", str(low + 200)]
+
+    def _start(self, args: list[str], env: dict) -> None:
+        log = open(self.temp_dir / f"node-{len(self.processes)}.log", "w")  # noqa: SIM115
+        process = subprocess.Popen([RAY, "start", "--block", *args], stdout=log,
+                                   stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+        self.processes.append(process)
+
+    def start_head(self, cpus: int = 2) -> None:
+        gcs, client = free_port(NODE_IP), free_port(NODE_IP)
+        self.gcs_address = f"{NODE_IP}:{gcs}"
+        self.client_address = f"ray://{NODE_IP}:{client}"
+        self._start(["--head", "--node-ip-address", NODE_IP, "--port", str(gcs),
+                     "--ray-client-server-port", str(client), "--include-dashboard", "false",
+                     "--num-cpus", str(cpus), "--disable-usage-stats",
+                     "--temp-dir", str(self.temp_dir / "ray"), *self._ports()], self.env())
+
+    def add_slice(self, generation: str, topology: str, cpus_per_chip: int = 2) -> str:
+        """The hosts of one TPU slice, each a `ray start` node with the webhook's view."""
+        shape = parse_shape(generation, topology)
+        name = f"kuberay-{shape.pod_type}-{len(self.slices)}"
+        for worker in range(shape.hosts):
+            env = self.env({"TPU_NAME": name, "TPU_WORKER_ID": str(worker),
+                            "TPU_ACCELERATOR_TYPE": shape.pod_type,
+                            "TPU_TOPOLOGY": shape.topology})
+            self._start(["--address", self.gcs_address, "--node-ip-address", NODE_IP,
+                         "--num-cpus", str(shape.chips_per_host * cpus_per_chip),
+                         "--resources", json.dumps({"TPU": shape.chips_per_host}),
+                         *self._ports()], env)
+        self.slices.append(name)
+        return name
+
+    def wait_for_nodes(self, count: int, timeout_s: float = 180.0) -> None:
+        """Until ``count`` nodes are alive, asked from a driver process of its own."""
+        script = textwrap.dedent(f"""
+            import time, ray
+            ray.init(address={self.gcs_address!r}, logging_level="ERROR")
+            deadline = time.monotonic() + {timeout_s}
+            while time.monotonic() < deadline:
+                if sum(n["Alive"] for n in ray.nodes()) >= {count}:
+                    print("ready"); break
+                time.sleep(0.5)
+        """)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              timeout=timeout_s + 60, env=self.env())
+        assert "ready" in done.stdout, (done.stdout, done.stderr[-3000:], self.logs())
+        for process in self.processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                self.tree |= {c.pid for c in psutil.Process(process.pid).children(True)}
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text()[-1500:] for p in sorted(self.temp_dir.glob("node-*.log")))
+
+    def live_processes(self) -> list[int]:
+        marker = str(self.temp_dir)
+        found = {p.pid for p in self.processes if p.poll() is None}
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                if marker in " ".join(proc.info["cmdline"] or ()):
+                    found.add(proc.info["pid"])
+        for pid in self.tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    found.add(pid)
+        return sorted(found - {os.getpid()})
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(30)
+        leftovers = []
+        for pid in self.live_processes():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                leftovers.append(psutil.Process(pid))
+        for proc in leftovers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        psutil.wait_procs(leftovers, timeout=10)
+
+
+def start_cluster(temp_dir: Path, slices: list[tuple[str, str]]) -> KubeRayLikeCluster:
+    cluster = KubeRayLikeCluster(temp_dir)
+    try:
+        cluster.start_head()
+        time.sleep(2)  # the head's GCS before the hosts try to join it
+        nodes = 1
+        for generation, topology in slices:
+            cluster.add_slice(generation, topology)
+            nodes += parse_shape(generation, topology).hosts
+        cluster.wait_for_nodes(nodes)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
