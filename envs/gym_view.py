@@ -105,6 +105,14 @@ def _wrap_keys(data: np.ndarray) -> jax.Array:
         return jax.device_put(jax.random.wrap_key_data(data, impl="threefry2x32"), _cpu())
 
 
+def _jax_env(env_id: str, entry: Any, env_kwargs: dict) -> JaxEnv:
+    # A user's environment carries its registry entry in the gymnasium spec, so that a
+    # process where it was never registered (a rollout actor) can still build it.
+    if entry is not None:
+        return entry.with_kwargs(**env_kwargs).make() if env_kwargs else entry.make()
+    return make_jax(env_id, **env_kwargs)
+
+
 def _observation_space(env: JaxEnv) -> gym.spaces.Box:
     low, high = getattr(env, "observation_bounds", (-np.inf, np.inf))
     return gym.spaces.Box(low, high, shape=tuple(env.observation_shape), dtype=np.float32)
@@ -140,9 +148,10 @@ class JaxGymEnv(gym.Env):
 
     metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 30}
 
-    def __init__(self, env_id: str, render_mode: str | None = None, **env_kwargs: Any) -> None:
+    def __init__(self, env_id: str, render_mode: str | None = None, entry: Any = None,
+                 **env_kwargs: Any) -> None:
         _check_render_mode(render_mode)
-        self.jax_env = make_jax(env_id, **env_kwargs)
+        self.jax_env = _jax_env(env_id, entry, env_kwargs)
         self.render_mode = render_mode
         self.metadata = {
             **type(self).metadata,
@@ -212,6 +221,8 @@ class JaxVectorEnv(VectorEnv):
         max_episode_steps: a different time limit, for environments that have one as a
             parameter (CartPole); None keeps the environment's own.
         render_mode: ``"rgb_array"`` or None.
+        entry: the registry entry of an environment the user registered (set by the
+            registration itself).
         **env_kwargs: the environment's parameters.
 
     Raises:
@@ -230,12 +241,13 @@ class JaxVectorEnv(VectorEnv):
         env_id: str,
         max_episode_steps: int | None = None,
         render_mode: str | None = None,
+        entry: Any = None,
         **env_kwargs: Any,
     ) -> None:
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs={num_envs!r} was asked; it must be a positive integer.")
         _check_render_mode(render_mode)
-        env = make_jax(env_id, **env_kwargs)
+        env = _jax_env(env_id, entry, env_kwargs)
         if max_episode_steps is not None and max_episode_steps != env.max_episode_steps:
             if "max_episode_steps" not in {f.name for f in dataclasses.fields(env) if f.init}:
                 raise ValueError(

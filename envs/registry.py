@@ -68,6 +68,36 @@ _GYM_EXTRAS: dict[str, dict[str, Any]] = {
 }
 
 
+# The JAX suites reached by prefix: "gymnax:Breakout-MinAtar", "brax:inverted_pendulum".
+SUITES: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
+    "gymnax": ("workbench.envs.gymnax_family:GymnaxEnv", (("suite", "gymnax"),)),
+    "craftax": ("workbench.envs.gymnax_family:GymnaxEnv", (("suite", "craftax"),)),
+    "brax": ("workbench.envs.brax_env:BraxEnv", ()),
+}
+# What counts as solved for a suite's environment, where the suite says none: gymnax's
+# classic-control and bsuite ports keep gymnasium's and bsuite's thresholds; brax's
+# balancing tasks pay 1 a step for 1000 steps. Environments absent here have no target
+# (MinAtar and Craftax publish scores, not a solved line).
+SUITE_TARGETS: dict[str, float] = {
+    "gymnax:CartPole-v1": 475.0,
+    "gymnax:Acrobot-v1": -100.0,
+    "gymnax:MountainCar-v0": -110.0,
+    "gymnax:Catch-bsuite": 0.9,
+    "gymnax:DeepSea-bsuite": 0.9,
+    "brax:inverted_pendulum": 950.0,
+    "brax:inverted_double_pendulum": 9000.0,
+}
+
+
+def _suite_entry(env_id: str) -> JaxEnvEntry | None:
+    suite, _, name = env_id.partition(":")
+    if suite not in SUITES or not name:
+        return None
+    factory, options = SUITES[suite]
+    return JaxEnvEntry(env_id, factory, SUITE_TARGETS.get(env_id),
+                       tuple(sorted((("name", name), *options))))
+
+
 def jax_env_ids() -> list[str]:
     """The ids of every JAX environment (the workbench's and the user's), sorted.
 
@@ -84,14 +114,20 @@ def jax_env_entry(env_id: str) -> JaxEnvEntry:
     Raises:
         ValueError: ``env_id`` is not a registered JAX environment, listing those there are.
     """
+    if isinstance(env_id, str) and env_id not in _ENTRIES:
+        entry = _suite_entry(env_id)
+        if entry is not None:
+            return entry
     if env_id not in _ENTRIES:
         hint = ""
         if isinstance(env_id, str) and f"workbench/{env_id}" in _ENTRIES:
             hint = f" Did you mean 'workbench/{env_id}'?"
         raise ValueError(
-            f"No JAX environment {env_id!r}. Valid ids: {', '.join(jax_env_ids())}.{hint} "
-            "Register your own with workbench.envs.register(id, factory); gymnasium's "
-            "environments (e.g. 'CartPole-v1') run through gymnasium.make."
+            f"No JAX environment {env_id!r}. Valid ids: {', '.join(jax_env_ids())}, and "
+            f"those of the suites as {', '.join(s + ':<name>' for s in SUITES)} (e.g. "
+            f"'gymnax:Breakout-MinAtar').{hint} Register your own with "
+            "workbench.envs.register(id, factory); gymnasium's environments (e.g. "
+            "'CartPole-v1') run through gymnasium.make."
         )
     return _ENTRIES[env_id]
 
@@ -173,6 +209,8 @@ def target_return(env_id: str) -> float | None:
     gymnasium's ``spec.reward_threshold``; None when neither says."""
     if env_id in _ENTRIES:
         return _ENTRIES[env_id].reward_threshold
+    if _suite_entry(env_id) is not None:
+        return SUITE_TARGETS.get(env_id)
     from gymnasium.envs.registration import registry
 
     spec = registry.get(env_id)
@@ -192,7 +230,9 @@ def _register_one(env_id: str, replace: bool = False) -> None:
         id=env_id,
         entry_point="workbench.envs.gym_view:JaxGymEnv",
         vector_entry_point="workbench.envs.gym_view:JaxVectorEnv",
-        kwargs={"env_id": env_id},
+        # A user's environment: its entry rides in the spec (see gym_view._jax_env).
+        kwargs={"env_id": env_id, **({"entry": _ENTRIES[env_id]}
+                                     if not env_id.startswith("workbench/") else {})},
         reward_threshold=_ENTRIES[env_id].reward_threshold,
         **_GYM_EXTRAS.get(env_id, {}),
     )

@@ -3,7 +3,7 @@ the registry the engine finds them in by name.
 
 >>> import workbench as wb
 >>> wb.algos.names()
-['ppo']
+['impala', 'ppo', 'pqn']
 >>> wb.algos.register(my_algorithm)      # an Algorithm, e.g. defined in a notebook cell
 
 Built-in algorithms load on first use, so reading the registry imports no JAX.
@@ -26,7 +26,9 @@ from workbench.algos.base import (
 )
 
 _BUILT_IN: dict[str, str] = {
+    "impala": "workbench.algos.impala:IMPALA",
     "ppo": "workbench.algos.ppo:PPO",
+    "pqn": "workbench.algos.pqn:PQN",
 }
 _registered: dict[str, Algorithm] = {}
 

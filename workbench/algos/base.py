@@ -33,6 +33,8 @@ Pytree = Any
 
 DISCRETE = "discrete"
 CONTINUOUS = "continuous"
+ACTIVATION_NAMES = ("tanh", "relu", "gelu", "silu")
+"""Activations the built-in networks take by name (see :mod:`workbench.algos.networks`)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,16 @@ class ChipMean:
         # round trip, so a per-leaf mean would multiply the latency by the leaf count.
         flat, unravel = ravel_pytree(tree)
         return unravel(jax.lax.pmean(flat, self.axis_name))
+
+    def sum(self, tree: Pytree) -> Pytree:
+        """``tree`` summed over the chips (one all-reduce of one flat vector)."""
+        if self.axis_name is None:
+            return tree
+        import jax
+        from jax.flatten_util import ravel_pytree
+
+        flat, unravel = ravel_pytree(tree)
+        return unravel(jax.lax.psum(flat, self.axis_name))
 
     def value_and_grad(self, fn: Callable, has_aux: bool = False) -> Callable:
         """``jax.value_and_grad(fn)`` whose gradient is averaged over the chips.
@@ -231,3 +243,28 @@ def check_fields(config: Any, rules: Mapping[str, str]) -> None:
             raise ValueError(f"unknown rule {rule!r} for {name}")
         if not ok:
             raise ValueError(f"{name} must be {wanted}, got {value!r}.")
+
+
+def check_widths(name: str, sizes: Any) -> None:
+    """Raise ``ValueError`` unless ``sizes`` is a non-empty tuple of positive widths."""
+    if (not isinstance(sizes, tuple) or not sizes
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in sizes)):
+        raise ValueError(
+            f"{name} must be a non-empty tuple of positive widths such as (64, 64), got "
+            f"{sizes!r}."
+        )
+
+
+def check_minibatches(num_minibatches: int, batch_size: int) -> None:
+    """Raise ``ValueError`` if a chip's batch cannot be cut into ``num_minibatches``."""
+    if batch_size < num_minibatches:
+        raise ValueError(
+            f"num_minibatches={num_minibatches} does not fit a batch of {batch_size} env "
+            "steps per chip (envs_per_chip x rollout_length): use at most "
+            f"{batch_size} minibatches, or more envs or a longer rollout."
+        )
+
+
+def check_choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}.")

@@ -192,10 +192,10 @@ class ChipLearnerActor:
 class EvaluatorActor:
     """Greedy evaluations of a run's policy, off the slice (on the cluster's head)."""
 
-    def __init__(self, env_id: str, agent, seed: int, jax_env=None) -> None:
+    def __init__(self, env, agent, seed: int, jax_env=None, wrappers: tuple = ()) -> None:
         from workbench.learn.evaluation import GreedyEvaluator
 
-        self.evaluator = GreedyEvaluator(env_id, agent, seed, jax_env)
+        self.evaluator = GreedyEvaluator(env, agent, seed, jax_env, wrappers)
 
     def prepare(self, episodes: int) -> None:
         self.evaluator.prepare(episodes)

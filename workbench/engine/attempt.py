@@ -121,16 +121,19 @@ class Attempt:
             for k in range(per_host):
                 ranks = host.chips[k * share:(k + 1) * share]
                 index = len(specs)
-                # One thread per learner it feeds, and one for checkpoint snapshots.
-                options = dict(num_cpus=1, runtime_env=CPU_ONLY, max_concurrency=share + 1,
+                # A thread per request its learners can have in flight, and one for
+                # checkpoint snapshots.
+                options = dict(num_cpus=1, runtime_env=CPU_ONLY,
+                               max_concurrency=share * config.policy_lag + 1,
                                scheduling_strategy=tpu_slice.scheduling(ranks[0]),
                                name=f"{self.prefix}:rollout-{index}")
-                args = (config.env, config.envs_per_chip, share, config.rollout_length,
-                        agent, config.seed, index)
+                args = (plan.env_ref, config.envs_per_chip, share, config.rollout_length,
+                        agent, config.seed, index, config.policy_lag, config.wrappers)
                 for part, rank in enumerate(ranks):
                     fed_by[rank] = (index, part)
                 specs.append((options, args))
-        self.keeper = remote(RolloutKeeper, num_cpus=0, max_concurrency=len(fed_by) + 2).options(
+        self.keeper = remote(RolloutKeeper, num_cpus=0,
+                             max_concurrency=len(fed_by) + 2).options(
             scheduling_strategy=tpu_slice.scheduling(0)
         ).remote(specs)
         return [(self.keeper, *fed_by[rank]) for rank in range(tpu_slice.num_chips)]

@@ -22,6 +22,11 @@ class TrainConfig:
     env: str = "CartPole-v1"
     """A registered gymnasium id (actors mode) or a JAX environment id (Anakin mode,
     ``workbench.envs.jax_env_ids()``)."""
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments of the env: gymnasium.make's, or a JAX env's parameters."""
+    wrappers: tuple[str, ...] = ()
+    """Actors mode: gymnasium wrappers around every env, innermost first: names in
+    gymnasium.wrappers, 'module:Class', or (from Python) the classes themselves."""
     algo: str = "ppo"
     """The algorithm's registered name (``workbench.algos.names()``)."""
     algo_config: Any = None
@@ -35,6 +40,11 @@ class TrainConfig:
     """Seeds everything through one key tree; same seed and slice, same curve."""
     rollout_actors_per_host: int = 1
     """Rollout actors on each host (actors mode); each feeds an equal share of its chips."""
+    policy_lag: int = 1
+    """Actors mode: how many updates ahead of a learner its rollout actors run. 1: each
+    rollout overlaps one update, with the policy exactly one version behind; more keeps
+    the actors busy while the learners learn (IMPALA's V-trace corrects for the lag).
+    Every lag is reproducible: rollouts run in update order."""
     envs_per_chip: int = 16
     """Environments stepped for each chip's learner per rollout."""
     rollout_length: int = 64
@@ -100,7 +110,7 @@ class TrainConfig:
             raise ConfigError("env", f"must be a gymnasium id such as 'CartPole-v1', got "
                                      f"{self.env!r}.")
         for name in ("total_env_steps", "rollout_actors_per_host", "envs_per_chip",
-                     "rollout_length", "eval_episodes"):
+                     "rollout_length", "eval_episodes", "policy_lag"):
             check_whole(name, getattr(self, name), 1)
         if self.total_env_steps > MAX_ENV_STEPS:
             raise ConfigError("total_env_steps", f"={self.total_env_steps} is beyond any run "
@@ -126,6 +136,12 @@ class TrainConfig:
                                       f"{self.sync!r}.")
         if self.target_return is not None:
             check_finite("target_return", self.target_return)
+        if not isinstance(self.env_kwargs, dict) or not all(isinstance(k, str)
+                                                            for k in self.env_kwargs):
+            raise ConfigError("env_kwargs", f"must be a mapping of argument names to values, "
+                                            f"got {self.env_kwargs!r}.")
+        if not isinstance(self.wrappers, tuple):
+            raise ConfigError("wrappers", f"must be a tuple of wrappers, got {self.wrappers!r}.")
         algorithm = self.algorithm()
         hyperparameters = self.hyperparameters()
         if not isinstance(hyperparameters, algorithm.config_type):

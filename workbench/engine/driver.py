@@ -93,7 +93,8 @@ class _Run:
         jax_env = plan.jax_env.make if plan.jax_env is not None else None
         return remote(EvaluatorActor, num_cpus=0, runtime_env=CPU_ONLY).options(
             scheduling_strategy=head_node_affinity(), name=self._helper_name("evaluator"),
-        ).remote(plan.config.env, plan.agent(self.slice.num_chips), plan.config.seed, jax_env)
+        ).remote(plan.env_ref or plan.config.env, plan.agent(self.slice.num_chips),
+                 plan.config.seed, jax_env, plan.config.wrappers)
 
     def _start_board(self, log=None):
         plan = self.plan

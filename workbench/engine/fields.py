@@ -47,8 +47,8 @@ class FieldInfo:
 
     @property
     def kind(self) -> str:
-        """``bool``, ``int``, ``float``, ``str``, ``ints`` (a tuple of ints), ``choice`` or
-        ``other`` (not settable from text)."""
+        """``bool``, ``int``, ``float``, ``str``, ``ints`` / ``strs`` (tuples), ``mapping``
+        (a JSON object), ``choice`` or ``other`` (not settable from text)."""
         inner = _without_none(self.type)
         if inner is bool:
             return "bool"
@@ -58,6 +58,10 @@ class FieldInfo:
             return "choice"
         if typing.get_origin(inner) is tuple and typing.get_args(inner)[:1] == (int,):
             return "ints"
+        if typing.get_origin(inner) is tuple and typing.get_args(inner)[:1] == (str,):
+            return "strs"
+        if inner is dict or typing.get_origin(inner) is dict:
+            return "mapping"
         return "other"
 
     @property
@@ -142,6 +146,15 @@ def parse_text(info: FieldInfo, text: str) -> Any:
             return text
         if kind == "ints":
             return tuple(int(part) for part in text.split(",") if part.strip())
+        if kind == "strs":
+            return tuple(part.strip() for part in text.split(",") if part.strip())
+        if kind == "mapping":
+            import json
+
+            value = json.loads(text)  # parsed, never evaluated
+            if isinstance(value, dict):
+                return value
+            raise ValueError
         if kind == "choice":
             if text in info.choices:
                 return text
@@ -160,6 +173,8 @@ def describe(info: FieldInfo) -> str:
         "float": "a number",
         "str": "a string",
         "ints": "comma-separated whole numbers such as 64,64",
+        "strs": "comma-separated names",
+        "mapping": "a JSON object such as '{\"key\": 1}'",
         "choice": "one of " + ", ".join(repr(c) for c in info.choices),
     }.get(kind, f"a {getattr(info.type, '__name__', info.type)}")
     return words + (" (or none)" if info.optional else "")
@@ -182,13 +197,15 @@ def coerce(info: FieldInfo, value: Any) -> Any:
         "str": isinstance(value, str),
         "ints": isinstance(value, (list, tuple))
         and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+        "strs": isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value),
+        "mapping": isinstance(value, dict),
         "choice": value in info.choices,
     }.get(kind, True)
     if not ok:
         raise ConfigError(info.name, f"must be {describe(info)}, got {value!r}.")
     if kind == "float":
         return float(value)
-    if kind == "ints":
+    if kind in ("ints", "strs"):
         return tuple(value)
     return value
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.algos.base import Algorithm, Spaces
+import numpy as np
+
+from workbench.algos.base import CONTINUOUS, DISCRETE, Algorithm, Spaces
 from workbench.engine.config import TrainConfig
 from workbench.engine.fields import ConfigError
 from workbench.learn.learner import AgentSpec, LearnerSetup
@@ -36,6 +38,9 @@ class RunPlan:
     jax_env: Any = None
     """The JAX environment's registry entry: what Anakin learners step, or what the
     evaluator runs as one program when a gymnasium id is a JAX env's view."""
+    env_ref: Any = None
+    """The gymnasium env's spec, with ``env_kwargs`` (actors mode): what rollout actors
+    make their envs from, so an env registered only on the driver reaches them too."""
     run_dir: str = ""
     """The run's folder (absolute)."""
     checkpoint_dir: str = ""
@@ -58,6 +63,7 @@ class RunPlan:
             envs_per_chip=config.envs_per_chip,
             rollout_length=config.rollout_length,
             jax_env=self.jax_env.make if self.jax_env is not None else None,
+            policy_lag=config.policy_lag,
         )
 
 
@@ -70,14 +76,15 @@ def plan_run(config: TrainConfig) -> RunPlan:
     """
     config.validate()
     learner = learner_class(config.mode)
+    env_ref = None
     if learner.env_kind == "jax":
-        entry = _jax_env_entry(config.env)
-        env = entry.make()
-        spaces = Spaces(tuple(env.observation_shape), "discrete",
-                        num_actions=int(env.num_actions))
+        entry = _jax_env_entry(config.env, config.env_kwargs)
+        spaces = jax_env_spaces(entry.make())
     else:
-        spaces = _gymnasium_spaces(config.env)
-        entry = _jax_view(config.env)
+        env_ref = _gymnasium_spec(config.env, config.env_kwargs)
+        spaces = _gymnasium_spaces(env_ref, config.wrappers)
+        entry = _jax_view(config.env) if not config.env_kwargs and not config.wrappers \
+            else None
     target = _target(config)
     algorithm = config.algorithm()
     hyperparameters = config.hyperparameters()
@@ -95,7 +102,7 @@ def plan_run(config: TrainConfig) -> RunPlan:
     }
     resume_from = _check_checkpoints(config, checkpoint_dir, identity)
     return RunPlan(config, algorithm, hyperparameters, spaces, target, learner.host_rollouts,
-                   entry, run_dir, checkpoint_dir, identity, resume_from)
+                   entry, env_ref, run_dir, checkpoint_dir, identity, resume_from)
 
 
 def runs_root() -> Path:
@@ -207,17 +214,36 @@ def _registered_id(env_id: str) -> str:
     return env_id.split(":", 1)[1] if ":" in env_id else env_id
 
 
-def _jax_env_entry(env_id: str):
+def jax_env_spaces(env) -> Spaces:
+    """The spaces of a JAX environment: continuous when it has an ``action_shape``."""
+    shape = getattr(env, "action_shape", None)
+    obs = tuple(int(d) for d in env.observation_shape)
+    if shape:
+        low, high = env.action_bounds
+        return Spaces(obs, CONTINUOUS, action_shape=tuple(int(d) for d in shape),
+                      action_low=tuple(float(x) for x in np.ravel(low)),
+                      action_high=tuple(float(x) for x in np.ravel(high)))
+    return Spaces(obs, DISCRETE, num_actions=int(env.num_actions))
+
+
+def _jax_env_entry(env_id: str, env_kwargs: dict):
     from workbench.envs import jax_env_entry, jax_env_ids
 
     try:
-        return jax_env_entry(env_id)
+        entry = jax_env_entry(env_id)
+        if env_kwargs:
+            entry = entry.with_kwargs(**env_kwargs)
+        entry.make()  # a suite that is not installed, or an unknown name, says so here
+        return entry
     except ValueError:
+        if ":" in env_id and env_id.split(":")[0] in ("gymnax", "craftax", "brax"):
+            raise
         raise ValueError(
             f"Anakin mode steps JAX environments on the chip, and {env_id!r} is not one. "
             f"JAX environments: {', '.join(jax_env_ids())}. Use one of them (or register "
             "yours with workbench.envs.register), or mode='actors' for any gymnasium "
-            "environment."
+            "environment, or a suite's as 'gymnax:<name>', 'brax:<name>' or "
+            "'craftax:<name>'."
         ) from None
 
 
@@ -228,10 +254,16 @@ def _jax_view(env_id: str):
     return jax_env_entry(env_id) if env_id in jax_env_ids() else None
 
 
-def _gymnasium_spaces(env_id: str) -> Spaces:
-    import gymnasium as gym
+def _gymnasium_spec(env_id: str, env_kwargs: dict):
+    """The registered spec of ``env_id`` (``module:Id`` imports the module first), with
+    ``env_kwargs`` over its own keyword arguments.
 
-    from workbench.learn.rollout import env_spaces
+    Raises:
+        ValueError: the module cannot be imported, or the id is not registered.
+    """
+    import copy
+
+    import gymnasium as gym
 
     module, _, name = env_id.rpartition(":")
     if module:
@@ -246,6 +278,27 @@ def _gymnasium_spaces(env_id: str) -> Spaces:
         hint = f" Similar ids: {', '.join(close)}." if close else ""
         raise ValueError(
             f"Unknown environment {env_id!r}: not registered with gymnasium.{hint} "
-            "Use a registered id (e.g. 'CartPole-v1') or register yours first."
+            "Use a registered id (e.g. 'CartPole-v1') or register yours first; a JAX "
+            "environment of a suite ('gymnax:...', 'brax:...') trains in mode='anakin'."
         )
-    return env_spaces(env_id)
+    spec = copy.deepcopy(gym.spec(name))
+    spec.kwargs = {**spec.kwargs, **env_kwargs}
+    # The entry points as the objects, not "module:name" strings: an env class of the
+    # user's own file then travels to the rollout actors by value (engine.shipping).
+    from gymnasium.envs.registration import load_env_creator
+
+    if isinstance(spec.entry_point, str):
+        spec.entry_point = load_env_creator(spec.entry_point)
+    if isinstance(spec.vector_entry_point, str):
+        spec.vector_entry_point = load_env_creator(spec.vector_entry_point)
+    return spec
+
+
+def _gymnasium_spaces(spec, wrappers: tuple) -> Spaces:
+    from workbench.learn.rollout import env_spaces
+
+    try:
+        return env_spaces(spec, wrappers)
+    except TypeError as error:  # an env_kwargs the env does not take
+        raise ValueError(f"{spec.id} cannot be made with env_kwargs {spec.kwargs!r}: "
+                         f"{error}.") from None

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 
 from workbench.learn.rollout import RolloutBatch, RolloutWorker
 
@@ -19,9 +21,11 @@ log = logging.getLogger(__name__)
 class SharedRollout:
     """A rollout actor feeding several learners of one host from one set of envs.
 
-    Each learner asks for its part of the next rollout; when all have asked, one policy
-    forward per step serves every learner's envs, and each learner gets its columns.
-    Run as a Ray actor with ``max_concurrency`` equal to ``parts``.
+    Each learner asks for its part of the rollout for an update; when all have asked, one
+    policy forward per step serves every learner's envs, and each learner gets its
+    columns. Learners may have several updates' rollouts asked for at once (a policy lag):
+    rollouts run one at a time, oldest update first, so the envs advance the same way in
+    every run. Run as a Ray actor with one thread per request that can be in flight.
     """
 
     def __init__(
@@ -33,32 +37,65 @@ class SharedRollout:
         agent,
         seed: int,
         index: int,
+        policy_lag: int = 1,
+        wrappers: tuple = (),
         wait_s: float = 600.0,
     ) -> None:
         self.worker = RolloutWorker(env_id, envs_per_part * parts, rollout_length, agent,
-                                    seed, index)
+                                    seed, index, keep_snapshots=policy_lag + 1,
+                                    wrappers=wrappers)
         # Compiled now, while the learners start, not in the first rollout.
         self.worker.prepare()
         self.parts = parts
-        # NOTE: the barrier's action runs once per round, in the last thread to arrive, so
-        # the rollout starts only when every learner has asked; a result is read before
-        # its learner can ask again, so the next round cannot overwrite it early.
-        self._barrier = threading.Barrier(parts, action=self._run, timeout=wait_s)
-        self._request: tuple = ()
-        self._pieces: list[RolloutBatch] = []
+        self.wait_s = wait_s
+        self._cond = threading.Condition()
+        self._asked: dict[int, dict[int, tuple]] = {}
+        """for_update -> part -> (policy, policy_version): who has asked for what."""
+        self._done: dict[int, list[RolloutBatch]] = {}
+        self._collected: dict[int, set[int]] = {}
+        self._running = False
 
-    def _run(self) -> None:
-        policy, version = self._request
-        self._pieces = self.worker.sample(policy, version).split(self.parts)
+    def sample(self, policy, policy_version: int, for_update: int, part: int) -> RolloutBatch:
+        """Part ``part`` of the rollout for update ``for_update`` (every part passes the
+        same policy for it)."""
+        deadline = time.monotonic() + self.wait_s
+        with self._cond:
+            self._asked.setdefault(for_update, {})[part] = (policy, policy_version)
+            self._cond.notify_all()
+            while for_update not in self._done:
+                oldest = min(self._asked) if self._asked else None
+                # NOTE: the oldest update asked for runs first, once every part has asked
+                # for it, and one rollout at a time: the envs see the same actions in the
+                # same order in every run, whatever order the requests arrived in.
+                if (not self._running and oldest is not None
+                        and len(self._asked[oldest]) == self.parts):
+                    self._run(oldest)
+                    continue
+                if not self._cond.wait(max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError(f"rollout for update {for_update}: not every learner "
+                                       f"asked within {self.wait_s:g} s")
+            pieces = self._done[for_update]
+            taken = self._collected.setdefault(for_update, set())
+            taken.add(part)
+            if len(taken) == self.parts:
+                del self._done[for_update], self._collected[for_update]
+            return pieces[part]
 
-    def sample(self, policy, policy_version: int, part: int) -> RolloutBatch:
-        """Part ``part`` of the rollout made with ``policy`` (every caller passes the same)."""
-        self._request = (policy, policy_version)
-        self._barrier.wait()
-        return self._pieces[part]
+    def _run(self, for_update: int) -> None:
+        """Make one rollout (called holding the lock, which it releases while stepping)."""
+        policy, policy_version = self._asked.pop(for_update)[0]
+        self._running = True
+        self._cond.release()
+        try:
+            pieces = self.worker.sample(policy, policy_version, for_update).split(self.parts)
+        finally:
+            self._cond.acquire()
+            self._running = False
+        self._done[for_update] = pieces
+        self._cond.notify_all()
 
-    def snapshot(self, policy_version: int) -> bytes | None:
-        return self.worker.snapshot(policy_version)
+    def snapshot(self, for_update: int) -> bytes | None:
+        return self.worker.snapshot(for_update)
 
     def restore(self, snapshot: bytes) -> None:
         self.worker.restore(snapshot)
@@ -100,14 +137,14 @@ class RolloutKeeper:
                 ray.kill(actor)
             return [actor._actor_id.hex() for actor in self.actors]
 
-    def snapshots(self, policy_version: int) -> list[bytes | None]:
-        """Every rollout actor's envs as they were before its rollout for
-        ``policy_version`` (for a checkpoint)."""
+    def snapshots(self, for_update: int) -> list[bytes | None]:
+        """Every rollout actor's envs as they were before its rollout for update
+        ``for_update`` (for a checkpoint)."""
         import ray
 
         with self._lock:
             actors = list(self.actors)
-        return ray.get([actor.snapshot.remote(policy_version) for actor in actors])
+        return ray.get([actor.snapshot.remote(for_update) for actor in actors])
 
     def restore(self, snapshots: list[bytes | None]) -> bool:
         """Put each actor's envs back from a checkpoint; False (nothing changed) if the
@@ -130,7 +167,8 @@ class RolloutKeeper:
 
 class RolloutFeed:
     """One learner's source of batches: its part of a rollout actor's envs, found through
-    the keeper, which replaces the actor if it dies (only its batch in flight is lost)."""
+    the keeper, which replaces the actor if it dies (only its batches in flight are lost,
+    and asked for again from the new one)."""
 
     def __init__(self, keeper, index: int, part: int, rank: int) -> None:
         import ray
@@ -138,33 +176,39 @@ class RolloutFeed:
         self.keeper, self.index, self.part, self.rank = keeper, index, part, rank
         self.actor = ray.get(keeper.actor.remote(index))
         self.replaced = 0
-        self._future = None
-        self._request = None
+        self._in_flight: deque = deque()
+        """(request, future) of every batch asked for, oldest first."""
 
-    def request(self, policy, version: int) -> None:
+    def request(self, policy, policy_version: int, for_update: int) -> None:
         import ray
 
-        self._request = (ray.put(policy), version)
-        self._future = self.actor.sample.remote(*self._request, self.part)
+        asked = (ray.put(policy), policy_version, for_update)
+        self._in_flight.append((asked, self.actor.sample.remote(*asked, self.part)))
 
     def take(self) -> list[RolloutBatch]:
         import ray
 
+        asked, future = self._in_flight[0]
         try:
-            return [ray.get(self._future)]
+            batch = ray.get(future)
         except ray.exceptions.RayActorError:
-            # The rollout actor died: only its batch in flight is lost. Every learner it
-            # fed asks the keeper, which starts one replacement for all of them.
+            # The rollout actor died: its batches in flight are lost. Every learner it fed
+            # asks the keeper, which starts one replacement for all of them, and asks it
+            # again for the same updates with the same policies.
             dead = self.actor._actor_id.hex()
             self.actor = ray.get(self.keeper.replace.remote(self.index, dead))
             self.replaced += 1
             log.warning("chip %d: rollout actor %s died; continuing with a new one",
                         self.rank, dead[:8])
-            return [ray.get(self.actor.sample.remote(*self._request, self.part))]
+            self._in_flight = deque((a, self.actor.sample.remote(*a, self.part))
+                                    for a, _ in self._in_flight)
+            batch = ray.get(self._in_flight[0][1])
+        self._in_flight.popleft()
+        return [batch]
 
     def drain(self) -> None:
         import ray
 
-        if self._future is not None:
-            ray.get(self._future)
-            self._future = None
+        while self._in_flight:
+            _, future = self._in_flight.popleft()
+            ray.get(future)

@@ -51,4 +51,12 @@ def user_code_of(plan) -> list[object]:
             found.append(cell.cell_contents)
     if plan.jax_env is not None and callable(plan.jax_env.factory):
         found.append(plan.jax_env.factory)
+    for point in ("entry_point", "vector_entry_point"):
+        entry_point = getattr(plan.env_ref, point, None)
+        if callable(entry_point):
+            found.append(entry_point)  # an env class registered from the user's own code
+    entry = (getattr(plan.env_ref, "kwargs", None) or {}).get("entry")
+    if entry is not None and callable(entry.factory):
+        found.append(entry.factory)  # a JAX env of the user's, stepped through its view
+    found += [w for w in plan.config.wrappers if not isinstance(w, str)]
     return found

@@ -1,14 +1,18 @@
 """Actors mode: one chip's learner, learning from batches that rollout actors made on the
 hosts' CPUs (the Sebulba layout).
 
-The learner asks its :class:`TrajectorySource` for the next batch with its current policy
-before it learns from the one it has, so rollouts are exactly one policy version behind
-the learner on every chip and every run alike: reproducible on any hardware.
+The learner keeps ``policy_lag`` requests in flight with its :class:`TrajectorySource`:
+before it learns from the oldest batch, it asks for the one ``policy_lag`` updates ahead
+with its current policy. So each batch was made by the policy exactly ``policy_lag``
+versions behind the one learning from it, on every chip and every run alike: reproducible
+on any hardware. With a lag of 1 a rollout overlaps one update; more lets the actors run
+further ahead, and algorithms that correct for it (IMPALA's V-trace) learn from it.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Protocol
 
 import numpy as np
@@ -22,11 +26,12 @@ class TrajectorySource(Protocol):
     """Where one chip's batches come from (rollout actors through Ray, or a worker in
     this process); the learn layer only asks and takes."""
 
-    def request(self, policy, version: int) -> None:
-        """Start the next batch, acting with ``policy`` (numpy) at ``version``."""
+    def request(self, policy, policy_version: int, for_update: int) -> None:
+        """Ask for the batch ``for_update`` learns from, acting with ``policy`` (numpy),
+        the learner's policy after ``policy_version`` updates."""
 
     def take(self) -> list[RolloutBatch]:
-        """The batch(es) requested last; blocks until they are there."""
+        """The oldest batch(es) asked for; blocks until they are there."""
 
     def drain(self) -> None:
         """Wait for anything still in flight (the end of the run)."""
@@ -37,17 +42,17 @@ class LocalSource:
 
     def __init__(self, workers: list) -> None:
         self.workers = workers
-        self._request = None
+        self._asked: deque = deque()
 
-    def request(self, policy, version: int) -> None:
-        self._request = (policy, version)
+    def request(self, policy, policy_version: int, for_update: int) -> None:
+        self._asked.append((policy, policy_version, for_update))
 
     def take(self) -> list[RolloutBatch]:
-        policy, version = self._request
-        return [w.sample(policy, version) for w in self.workers]
+        asked = self._asked.popleft()
+        return [w.sample(*asked) for w in self.workers]
 
     def drain(self) -> None:
-        self._request = None
+        self._asked.clear()
 
 
 class BatchLearner(ChipLearner):
@@ -63,9 +68,10 @@ class BatchLearner(ChipLearner):
 
         super().__init__(setup)
         self.source = source
-        self._pending = False
-        self._pending_policy = None
-        self._resumed_policy = None
+        self.lag = setup.policy_lag
+        self._pending: deque = deque()
+        """(for_update, policy) of every request in flight, oldest first."""
+        self._resumed: dict[int, object] = {}
         self._per_env = NamedSharding(self.mesh, P(None, AXIS))
         specs = self._trajectory_specs()
         self._update = jax.jit(
@@ -122,24 +128,24 @@ class BatchLearner(ChipLearner):
         return self._update.lower(self.state, abstract, self._update_key(),
                                   self._requests(False, False))
 
-    def _request(self, policy, version: int) -> None:
-        self._pending_policy = policy
-        self.source.request(policy, version)
+    def _request(self, policy, for_update: int) -> None:
+        self._pending.append((for_update, policy))
+        self.source.request(policy, self._updates, for_update)
 
     def step(self, stop: bool = False, checkpoint: bool = False) -> StepOutcome:
         import jax
 
         if not self._pending:
             # A resumed run asks first for what the checkpointed run had in flight.
-            policy = self._resumed_policy if self._resumed_policy is not None else \
-                self.policy_numpy()
-            self._resumed_policy = None
-            self._request(policy, self._updates)
+            for for_update in range(self._updates, self._updates + self.lag):
+                resumed = self._resumed.pop(for_update, None)
+                self._request(resumed if resumed is not None else self.policy_numpy(),
+                              for_update)
         batches = self.source.take()
-        # NOTE: the next rollout starts now, with the parameters the batches above were
-        # not made with, and runs while this update computes: exactly one version behind.
-        self._request(self.policy_numpy(), self._updates + 1)
-        self._pending = True
+        self._pending.popleft()
+        # NOTE: the next rollout is asked for now, and runs while this update computes:
+        # the batch this one learns from was made policy_lag versions ago.
+        self._request(self.policy_numpy(), self._updates + self.lag)
         started = time.perf_counter()
         local = join_env_columns([b.trajectory for b in batches], concatenate=np.concatenate)
         steps = jax.tree.map(
@@ -168,23 +174,23 @@ class BatchLearner(ChipLearner):
     def finish(self) -> None:
         if self._pending:
             self.source.drain()
-            self._pending = False
+            self._pending.clear()
 
     def resume_state(self) -> dict:
-        # The rollout in flight was asked for with the policy before this update: a resumed
-        # run asks for the same (and its rollout actors restart from their envs then).
+        # The rollouts in flight were asked for with older policies: a resumed run asks
+        # for the same (and its rollout actors restart from their envs then).
         import jax
 
-        return {"pending_policy": jax.tree.leaves(self._pending_policy)}
+        return {f"pending_{i}": jax.tree.leaves(policy)
+                for i, (_, policy) in enumerate(self._pending)}
 
     def load_resume_state(self, resume: dict[str, list]) -> bool:
         import jax
 
-        leaves = resume.get("pending_policy")
-        if not leaves:
-            return False
         treedef = jax.tree.structure(self.policy_numpy())
-        if treedef.num_leaves != len(leaves):
+        pending = [resume.get(f"pending_{i}") for i in range(self.lag)]
+        if not all(leaves and len(leaves) == treedef.num_leaves for leaves in pending):
             return False
-        self._resumed_policy = jax.tree.unflatten(treedef, list(leaves))
+        self._resumed = {self._updates + i: jax.tree.unflatten(treedef, list(leaves))
+                         for i, leaves in enumerate(pending)}
         return True

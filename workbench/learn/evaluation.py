@@ -55,18 +55,21 @@ class GreedyEvaluator:
     """Greedy episodes of one environment for one agent, on fresh envs each time.
 
     Args:
-        env_id: a gymnasium id.
+        env_id: a gymnasium id or spec.
         agent: the :class:`~workbench.learn.learner.AgentSpec` whose ``greedy`` is used.
         seed: the run's seed; every evaluation starts from the same states, drawn from the
             run key tree's evaluation key.
+        wrappers: gymnasium wrappers for every env, as the rollouts have them.
         jax_env: builds the JAX environment behind ``env_id`` when there is one; it is
             then evaluated as one compiled program.
     """
 
-    def __init__(self, env_id: str, agent, seed: int, jax_env: Callable | None = None) -> None:
+    def __init__(self, env_id, agent, seed: int, jax_env: Callable | None = None,
+                 wrappers: tuple = ()) -> None:
         import jax
 
         self.env_id = env_id
+        self.wrappers = wrappers
         self.agent = agent.build()
         self._key = run_keys.run_keys(seed).evaluation
         self._seed = run_keys.as_seed(self._key)
@@ -101,7 +104,7 @@ class GreedyEvaluator:
     def _evaluate_stepped(self, policy, episodes: int) -> np.ndarray:
         from workbench.learn.rollout import make_vector_env
 
-        env = make_vector_env(self.env_id, episodes, self._seed)
+        env = make_vector_env(self.env_id, episodes, self._seed, self.wrappers)
         obs, _ = env.reset(seed=self._seed)
         totals = np.zeros(episodes)
         running = np.ones(episodes, dtype=bool)

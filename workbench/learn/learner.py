@@ -51,6 +51,8 @@ class LearnerSetup:
     rollout_length: int
     jax_env: Callable[[], Any] | None = None
     """Builds the JAX environment (Anakin mode)."""
+    policy_lag: int = 1
+    """Actors mode: how many updates ahead the rollout actors run (see actors_mode)."""
 
 
 @dataclass(frozen=True)

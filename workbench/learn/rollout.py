@@ -21,15 +21,44 @@ from workbench.learn.heap import release_freed_memory
 log = logging.getLogger(__name__)
 
 
-def make_vector_env(env_id: str, num_envs: int, seed: int) -> gym.vector.VectorEnv:
-    """A vector env of ``env_id``: the env's own vectorised form when it has one (numpy
-    CartPole steps thousands of envs at once), otherwise a synchronous loop."""
-    try:
-        env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point")
-    except (gym.error.Error, ValueError, TypeError, AttributeError):
-        env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
-    env.reset(seed=seed)
-    return env
+EnvRef = str | gym.envs.registration.EnvSpec
+"""A gymnasium id, or the spec itself: what reaches a rollout actor, so that an env the
+user registered (in a notebook, or with keyword arguments) needs no registration there."""
+
+
+def wrapper_of(wrapper) -> type:
+    """A gymnasium wrapper given as a class, ``"module:Class"`` or a name in
+    ``gymnasium.wrappers`` (e.g. ``"ClipReward"``... those without required arguments)."""
+    import importlib
+
+    if not isinstance(wrapper, str):
+        return wrapper
+    module, _, name = wrapper.rpartition(":")
+    found = getattr(importlib.import_module(module or "gymnasium.wrappers"), name, None)
+    if found is None:
+        raise ValueError(f"No gymnasium wrapper {wrapper!r}: give a class, 'module:Class', or "
+                         "the name of one in gymnasium.wrappers.")
+    return found
+
+
+def make_vector_env(env: EnvRef, num_envs: int, seed: int,
+                    wrappers: tuple = ()) -> gym.vector.VectorEnv:
+    """A vector env of ``env``: the env's own vectorised form when it has one (numpy
+    CartPole steps thousands of envs at once) and no wrappers are asked for, otherwise a
+    synchronous loop over single envs, each wrapped in ``wrappers`` (innermost first)."""
+    wrap = [wrapper_of(w) for w in wrappers]
+    vector = None
+    if not wrap:
+        try:
+            vector = gym.make_vec(env, num_envs=num_envs,
+                                  vectorization_mode="vector_entry_point")
+        except (gym.error.Error, ValueError, TypeError, AttributeError):
+            vector = None
+    if vector is None:
+        vector = gym.make_vec(env, num_envs=num_envs, vectorization_mode="sync",
+                              wrappers=wrap or None)
+    vector.reset(seed=seed)
+    return vector
 
 
 def spaces_of(observation_space: gym.Space, action_space: gym.Space, env_id: str) -> Spaces:
@@ -59,13 +88,16 @@ def spaces_of(observation_space: gym.Space, action_space: gym.Space, env_id: str
     )
 
 
-def env_spaces(env_id: str) -> Spaces:
-    """The spaces of the gymnasium env ``env_id`` (made once, then closed)."""
-    env = gym.make(env_id)
+def env_spaces(env: EnvRef, wrappers: tuple = ()) -> Spaces:
+    """The spaces of the gymnasium env ``env`` with ``wrappers`` (made once, then closed)."""
+    made = gym.make(env)
+    for wrapper in wrappers:
+        made = wrapper_of(wrapper)(made)
+    name = env if isinstance(env, str) else env.id
     try:
-        return spaces_of(env.observation_space, env.action_space, env_id)
+        return spaces_of(made.observation_space, made.action_space, name)
     finally:
-        env.close()
+        made.close()
 
 
 @dataclass
@@ -73,6 +105,7 @@ class RolloutBatch:
     """One rollout, time-major ``[T, N]``, with the policy version that produced it."""
 
     policy_version: int
+    """How many updates the policy that made it had seen."""
     trajectory: Trajectory
     """numpy arrays."""
     episode_returns: list[float] = field(default_factory=list)
@@ -159,10 +192,13 @@ class RolloutWorker:
         seed: the run's seed.
         index: which env batch of the run this is: its envs and its sampling take their
             keys from the run's key tree under this index.
+        keep_snapshots: how many of the latest rollouts' start states to keep for a
+            checkpoint (the rollouts a learner can have in flight, plus one).
+        wrappers: gymnasium wrappers for every env (see :func:`make_vector_env`).
     """
 
-    def __init__(self, env_id: str, num_envs: int, rollout_length: int, agent, seed: int,
-                 index: int = 0) -> None:
+    def __init__(self, env_id: EnvRef, num_envs: int, rollout_length: int, agent, seed: int,
+                 index: int = 0, keep_snapshots: int = 2, wrappers: tuple = ()) -> None:
         import jax
 
         self.env_id = env_id
@@ -171,7 +207,7 @@ class RolloutWorker:
         key = run_keys.env_key(run_keys.run_keys(seed), index)
         env_seed_key, self._key = jax.random.split(key)
         env_seed = run_keys.as_seed(env_seed_key)
-        self.env = make_vector_env(env_id, num_envs, env_seed)
+        self.env = make_vector_env(env_id, num_envs, env_seed, wrappers)
         self.agent = agent.build()
         self._obs, _ = self.env.reset(seed=env_seed)
         self._obs = np.asarray(self._obs, np.float32)
@@ -190,6 +226,7 @@ class RolloutWorker:
         self._episode_length = np.zeros(num_envs, dtype=np.int64)
         self._compiled = False
         self._snapshots: dict[int, bytes | None] = {}
+        self._keep_snapshots = keep_snapshots
         self._unpicklable_warned = False
 
     def _policy_shapes(self):
@@ -220,10 +257,10 @@ class RolloutWorker:
                             "afresh", self.env_id, error)
             return None
 
-    def snapshot(self, policy_version: int) -> bytes | None:
-        """The envs as they were before the rollout for ``policy_version`` (the last two
-        rollouts' are kept): what a checkpoint needs to resume this worker exactly."""
-        return self._snapshots.get(policy_version)
+    def snapshot(self, for_update: int) -> bytes | None:
+        """The envs as they were before the rollout for update ``for_update`` (the latest
+        few are kept): what a checkpoint needs to resume this worker exactly."""
+        return self._snapshots.get(for_update)
 
     def restore(self, snapshot: bytes) -> None:
         """Continue from a :meth:`snapshot` (read from this user's own checkpoint)."""
@@ -236,12 +273,15 @@ class RolloutWorker:
         self._episode_return, self._episode_length, self._key = episode_return, \
             episode_length, key
 
-    def sample(self, policy, policy_version: int) -> RolloutBatch:
-        """Collect one rollout acting with ``policy`` (a pytree of numpy arrays)."""
+    def sample(self, policy, policy_version: int, for_update: int | None = None) -> RolloutBatch:
+        """Collect one rollout acting with ``policy`` (a pytree of numpy arrays) after
+        ``policy_version`` updates, for update ``for_update`` (default: that version)."""
         import jax
 
-        self._snapshots = {v: b for v, b in self._snapshots.items() if v >= policy_version - 1}
-        self._snapshots[policy_version] = self._snapshot()
+        for_update = policy_version if for_update is None else for_update
+        self._snapshots[for_update] = self._snapshot()
+        for old in sorted(self._snapshots)[:-self._keep_snapshots]:
+            del self._snapshots[old]
 
         T, N = self.rollout_length, self.num_envs
         obs_buf = np.zeros((T, N) + self._obs.shape[1:], dtype=np.float32)

@@ -1,6 +1,7 @@
 """Notebook views over the workbench API: the slice picker, the training dashboard, and
 metrics recorded where a test can read them from an executed notebook."""
 
+from workbench.ui.algorithm_picker import AlgorithmPicker
 from workbench.ui.dashboard import DashboardRun, TrainingDashboard, start_training, summary_html
 from workbench.ui.drawing import facts_html, slice_svg
 from workbench.ui.picker import SlicePicker
@@ -8,6 +9,7 @@ from workbench.ui.records import METRICS_MIMETYPE, read_records, record
 
 __all__ = [
     "METRICS_MIMETYPE",
+    "AlgorithmPicker",
     "DashboardRun",
     "SlicePicker",
     "TrainingDashboard",

@@ -1,5 +1,5 @@
-"""PPO (clipped surrogate, GAE) for discrete actions, as a plug-in of the algorithm
-protocol.
+"""PPO (clipped surrogate, GAE) for discrete and continuous actions, as a plug-in of the
+algorithm protocol.
 
 The record and the config load without JAX; the math (:mod:`workbench.algos.ppo.agent`)
 loads when an agent is built, and its names are importable from here too.
@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from workbench.algos.base import DISCRETE, Algorithm, Spaces
+from workbench.algos.base import CONTINUOUS, DISCRETE, Algorithm, Spaces
 from workbench.algos.ppo.config import PPOConfig
 
-_AGENT_NAMES = ("Batch", "LossFn", "PPOState", "flatten", "gae", "make_act", "make_greedy",
-                "make_optimizer", "make_update", "masked_mean", "ppo_loss")
+_AGENT_NAMES = ("Batch", "LossFn", "PPOState", "Policy", "flatten", "gae", "make_act",
+                "make_greedy", "make_optimizer", "make_policy", "make_update", "masked_mean",
+                "ppo_loss")
 
 
 def build(config: PPOConfig, spaces: Spaces, num_updates: int, loss_fn: Any = None):
@@ -28,8 +29,8 @@ PPO = Algorithm(
     name="ppo",
     config_type=PPOConfig,
     build=build,
-    action_kinds=(DISCRETE,),
-    summary="PPO with a clipped surrogate and GAE (discrete actions)",
+    action_kinds=(DISCRETE, CONTINUOUS),
+    summary="PPO with a clipped surrogate and GAE (discrete or Gaussian policies)",
 )
 
 

@@ -15,7 +15,14 @@ import jax.numpy as jnp
 import optax
 
 from workbench.algos.base import Agent, ChipMean, Spaces, Trajectory
-from workbench.algos.networks import ActorCritic
+from workbench.algos.normalize import (
+    RunningStats,
+    forward_returns,
+    init_stats,
+    normalize,
+    update_stats,
+)
+from workbench.algos.policies import Policy, make_policy
 from workbench.algos.ppo.config import PPOConfig
 
 
@@ -33,6 +40,10 @@ class Batch(NamedTuple):
 class PPOState(NamedTuple):
     params: Any
     opt_state: Any
+    obs_stats: RunningStats
+    """Running observation statistics (used when ``normalize_observations``)."""
+    return_stats: RunningStats
+    """Running statistics of discounted returns (used when ``scale_rewards``)."""
 
 
 def gae(
@@ -81,12 +92,14 @@ def ppo_loss(
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The clipped-surrogate PPO loss with a value loss and an entropy bonus.
 
+    ``apply_fn(params, obs) -> (distribution, values)``: the distribution gives
+    ``log_prob(actions)`` and ``entropy()`` (see :mod:`workbench.algos.distributions`).
+
     Returns:
         ``(loss, metrics)`` where metrics holds the loss terms, entropy and clip fraction.
     """
-    logits, values = apply_fn(params, batch.obs)
-    log_probs_all = jax.nn.log_softmax(logits)
-    log_probs = jnp.take_along_axis(log_probs_all, batch.actions[:, None], axis=-1)[:, 0]
+    dist, values = apply_fn(params, batch.obs)
+    log_probs = dist.log_prob(batch.actions)
     mask = batch.valid
     advantages = batch.advantages
     if config.normalize_advantages:
@@ -97,7 +110,7 @@ def ppo_loss(
     clipped = jnp.clip(ratio, 1.0 - config.clip_eps, 1.0 + config.clip_eps)
     policy_loss = -masked_mean(jnp.minimum(ratio * advantages, clipped * advantages), mask)
     value_loss = 0.5 * masked_mean((values - batch.returns) ** 2, mask)
-    entropy = masked_mean(-jnp.sum(jnp.exp(log_probs_all) * log_probs_all, axis=-1), mask)
+    entropy = masked_mean(dist.entropy(), mask)
     loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
     clip_fraction = masked_mean((jnp.abs(ratio - 1.0) > config.clip_eps).astype(jnp.float32), mask)
     return loss, {
@@ -127,9 +140,11 @@ def flatten(trajectory: Trajectory, advantages: jax.Array, returns: jax.Array) -
     def merge(x: jax.Array) -> jax.Array:
         return x.reshape((-1,) + x.shape[2:])
 
+    # A continuous policy learns from its raw samples (before clipping or squashing).
+    actions = trajectory.extras.get("raw_action", trajectory.actions)
     return Batch(
         obs=merge(trajectory.obs),
-        actions=merge(trajectory.actions),
+        actions=merge(actions),
         log_probs=merge(trajectory.extras["log_prob"]),
         advantages=merge(advantages),
         returns=merge(returns),
@@ -137,8 +152,12 @@ def flatten(trajectory: Trajectory, advantages: jax.Array, returns: jax.Array) -
     )
 
 
+def _observe(config: PPOConfig, stats: RunningStats, obs: jax.Array) -> jax.Array:
+    return normalize(stats, obs) if config.normalize_observations else obs
+
+
 def make_update(
-    network: ActorCritic,
+    policy: Policy,
     optimizer: optax.GradientTransformation,
     config: PPOConfig,
     loss_fn: LossFn = ppo_loss,
@@ -146,7 +165,7 @@ def make_update(
     """Build one PPO update: GAE, then epochs of shuffled minibatch gradient steps.
 
     Args:
-        network: the flax module whose ``apply`` gives ``(logits, values)``.
+        policy: the network and its distribution (:func:`make_policy`).
         optimizer: an optax transformation.
         config: PPO hyperparameters.
         loss_fn: ``loss_fn(params, apply_fn, batch, config) -> (loss, metrics)``; swap in
@@ -154,14 +173,31 @@ def make_update(
 
     Returns:
         ``update(state, trajectory, key, chips) -> (state, metrics)``, pure and jittable;
-        ``chips`` averages each minibatch's gradient over the chips that learn together.
+        ``chips`` averages each minibatch's gradient (and the running statistics) over
+        the chips that learn together.
     """
+    network = policy.network
+
+    def apply(params, obs):
+        out, values = network.apply(params, obs)
+        return policy.distribution(out), values
 
     def update(state: PPOState, trajectory: Trajectory, key: jax.Array, chips: ChipMean):
         grad_fn = chips.value_and_grad(loss_fn, has_aux=True)
-        _, last_value = network.apply(state.params, trajectory.last_obs)
+        observed = trajectory._replace(
+            obs=_observe(config, state.obs_stats, trajectory.obs),
+            last_obs=_observe(config, state.obs_stats, trajectory.last_obs),
+        )
+        _, last_value = network.apply(state.params, observed.last_obs)
+        rewards, return_stats = trajectory.rewards, state.return_stats
+        if config.scale_rewards:
+            ended = trajectory.terminated | trajectory.truncated
+            returns = forward_returns(rewards, ended, config.gamma)
+            return_stats = update_stats(return_stats, returns.reshape(-1), chips,
+                                        trajectory.valid.reshape(-1))
+            rewards = rewards / jnp.sqrt(return_stats.var + 1e-8)
         advantages, returns = gae(
-            trajectory.rewards,
+            rewards,
             trajectory.extras["value"],
             trajectory.terminated,
             trajectory.truncated,
@@ -169,8 +205,8 @@ def make_update(
             config.gamma,
             config.gae_lambda,
         )
-        batch = flatten(trajectory, advantages, returns)
-        size = batch.actions.shape[0]
+        batch = flatten(observed, advantages, returns)
+        size = batch.obs.shape[0]
         minibatch = size // config.num_minibatches
 
         def minibatch_step(carry, indices):
@@ -178,7 +214,7 @@ def make_update(
             sub = jax.tree.map(lambda x: x[indices], batch)
             # NOTE: the one cross-chip collective per minibatch (when chips share the
             # work); every chip then applies the same averaged gradient.
-            (_, metrics), grads = grad_fn(params, network.apply, sub, config)
+            (_, metrics), grads = grad_fn(params, apply, sub, config)
             updates, opt_state = optimizer.update(grads, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), metrics
 
@@ -192,31 +228,42 @@ def make_update(
         (params, opt_state), metrics = jax.lax.scan(
             epoch, (state.params, state.opt_state), keys
         )
-        return PPOState(params, opt_state), jax.tree.map(jnp.mean, metrics)
+        obs_stats = state.obs_stats
+        if config.normalize_observations:
+            flat_obs = trajectory.obs.reshape((-1, *trajectory.obs.shape[2:]))
+            obs_stats = update_stats(obs_stats, flat_obs, chips, trajectory.valid.reshape(-1))
+        return PPOState(params, opt_state, obs_stats, return_stats), \
+            jax.tree.map(jnp.mean, metrics)
 
     return update
 
 
-def make_act(network: ActorCritic) -> Callable:
-    """``act(params, obs, key) -> (actions, {"log_prob", "value"})`` for rollouts."""
+def make_act(policy: Policy, config: PPOConfig) -> Callable:
+    """``act((params, obs_stats), obs, key) -> (actions, extras)`` for rollouts: extras
+    are the behaviour ``log_prob`` and ``value`` (and a continuous policy's ``raw_action``,
+    its sample before clipping or squashing)."""
 
-    def act(params, obs, key):
-        logits, values = network.apply(params, obs)
-        actions = jax.random.categorical(key, logits)
-        log_probs = jnp.take_along_axis(
-            jax.nn.log_softmax(logits), actions[:, None], axis=-1
-        )[:, 0]
-        return actions, {"log_prob": log_probs, "value": values}
+    def act(acting, obs, key):
+        params, obs_stats = acting
+        out, values = policy.network.apply(params, _observe(config, obs_stats, obs))
+        dist = policy.distribution(out)
+        sample = dist.sample(key)
+        extras = {"log_prob": dist.log_prob(sample), "value": values}
+        if policy.continuous:
+            extras["raw_action"] = sample
+        return policy.to_env(dist, sample), extras
 
     return act
 
 
-def make_greedy(network: ActorCritic) -> Callable:
-    """``greedy(params, obs) -> actions``: the most likely action (for evaluation)."""
+def make_greedy(policy: Policy, config: PPOConfig) -> Callable:
+    """``greedy((params, obs_stats), obs) -> actions``: the mode (for evaluation)."""
 
-    def greedy(params, obs):
-        logits, _ = network.apply(params, obs)
-        return jnp.argmax(logits, axis=-1)
+    def greedy(acting, obs):
+        params, obs_stats = acting
+        out, _ = policy.network.apply(params, _observe(config, obs_stats, obs))
+        dist = policy.distribution(out)
+        return policy.to_env(dist, dist.mode())
 
     return greedy
 
@@ -224,18 +271,20 @@ def make_greedy(network: ActorCritic) -> Callable:
 def build(
     config: PPOConfig, spaces: Spaces, num_updates: int, loss_fn: LossFn = ppo_loss
 ) -> Agent:
-    """PPO's agent for discrete actions: an actor-critic MLP, Adam, the clipped loss."""
-    network = ActorCritic(spaces.num_actions, tuple(config.hidden_sizes))
+    """PPO's agent: an actor-critic MLP (categorical or Gaussian policy), Adam, the clipped
+    loss, and, when asked, running observation normalisation and reward scaling."""
+    policy = make_policy(spaces, config)
     optimizer = make_optimizer(config, num_updates)
 
     def init(key):
-        params = network.init(key, jnp.zeros((1, *spaces.obs_shape), jnp.float32))
-        return PPOState(params, optimizer.init(params))
+        params = policy.network.init(key, jnp.zeros((1, *spaces.obs_shape), jnp.float32))
+        return PPOState(params, optimizer.init(params), init_stats(tuple(spaces.obs_shape)),
+                        init_stats(()))
 
     return Agent(
         init=init,
-        policy=lambda state: state.params,
-        act=make_act(network),
-        greedy=make_greedy(network),
-        update=make_update(network, optimizer, config, loss_fn),
+        policy=lambda state: (state.params, state.obs_stats),
+        act=make_act(policy, config),
+        greedy=make_greedy(policy, config),
+        update=make_update(policy, optimizer, config, loss_fn),
     )

@@ -4,8 +4,15 @@ config files read it before anything heavy loads)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
-from workbench.algos.base import check_fields
+from workbench.algos.base import (
+    ACTIVATION_NAMES,
+    check_choice,
+    check_fields,
+    check_minibatches,
+    check_widths,
+)
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,22 @@ class PPOConfig:
     """Standardise advantages within each minibatch."""
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Widths of the actor and critic MLPs."""
+    activation: Literal["tanh", "relu", "gelu", "silu"] = "tanh"
+    """The MLPs' activation."""
+    log_std_init: float = 0.0
+    """Continuous actions: the Gaussian policy's initial log standard deviation."""
+    state_dependent_std: bool = False
+    """Continuous actions: the log-std is a head of the actor (else one learned vector)."""
+    squash: bool = False
+    """Continuous actions: map samples into the action bounds through tanh (with the
+    log-probability's correction); else samples are clipped to the bounds for the env."""
+    normalize_observations: bool = False
+    """Normalise observations by running mean and variance (the same on every chip)."""
+    scale_rewards: bool = False
+    """Divide rewards by the running standard deviation of discounted returns."""
+    network: Any = None
+    """A flax module of your own instead of the MLPs: ``module(obs) -> (logits, value)``
+    for discrete actions, ``((mean, log_std), value)`` for continuous ones."""
 
     def validate(self, batch_size: int) -> None:
         """Raise ``ValueError`` naming the first field that cannot work.
@@ -49,17 +72,6 @@ class PPOConfig:
             "max_grad_norm": "positive", "num_epochs": "positive_int",
             "num_minibatches": "positive_int",
         })
-        sizes = self.hidden_sizes
-        if (not isinstance(sizes, tuple) or not sizes
-                or not all(isinstance(w, int) and not isinstance(w, bool) and w > 0
-                           for w in sizes)):
-            raise ValueError(
-                f"hidden_sizes must be a non-empty tuple of positive widths such as (64, 64), "
-                f"got {sizes!r}."
-            )
-        if batch_size < self.num_minibatches:
-            raise ValueError(
-                f"num_minibatches={self.num_minibatches} does not fit a batch of "
-                f"{batch_size} env steps per chip (envs_per_chip x rollout_length): use at "
-                f"most {batch_size} minibatches, or more envs or a longer rollout."
-            )
+        check_widths("hidden_sizes", self.hidden_sizes)
+        check_choice("activation", self.activation, ACTIVATION_NAMES)
+        check_minibatches(self.num_minibatches, batch_size)

@@ -1,0 +1,82 @@
+"""brax's environments behind the workbench's JAX environment contract: continuous actions
+in [-1, 1], episodes cut at ``episode_length`` steps (brax's own training wrapper does the
+same), no resets inside ``step``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from workbench.envs.gymnax_family import _import
+
+
+class BraxState(NamedTuple):
+    inner: Any
+    t: Any
+    """Steps taken in this episode."""
+
+
+@dataclass(frozen=True)
+class BraxEnv:
+    """One brax environment (``brax.envs.get_environment(name, backend=backend)``)."""
+
+    name: str
+    episode_length: int = 1000
+    backend: str = "generalized"
+    _env: Any = field(default=None, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        envs = _import("brax.envs")
+        if self.name not in envs._envs:
+            raise ValueError(f"brax has no environment {self.name!r}; its ids: "
+                             f"{', '.join(sorted(envs._envs))}.")
+        if not isinstance(self.episode_length, int) or self.episode_length < 1:
+            raise ValueError(f"episode_length must be a positive whole number, got "
+                             f"{self.episode_length!r}.")
+        object.__setattr__(self, "_env", envs.get_environment(self.name, backend=self.backend))
+
+    @property
+    def id(self) -> str:
+        return f"brax:{self.name}"
+
+    @property
+    def observation_shape(self) -> tuple[int, ...]:
+        return (int(self._env.observation_size),)
+
+    num_actions = 0
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        return (int(self._env.action_size),)
+
+    @property
+    def action_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        return (-np.ones(self.action_shape, np.float32), np.ones(self.action_shape, np.float32))
+
+    @property
+    def max_episode_steps(self) -> int:
+        return self.episode_length
+
+    def reset(self, key):
+        import jax.numpy as jnp
+
+        inner = self._env.reset(key)
+        return BraxState(inner, jnp.zeros((), jnp.int32)), inner.obs.astype(jnp.float32)
+
+    def step(self, state: BraxState, action, key):
+        import jax.numpy as jnp
+
+        del key  # brax's dynamics are deterministic given the state
+        inner = self._env.step(state.inner, action)
+        t = state.t + 1
+        terminated = inner.done > 0
+        truncated = (t >= self.episode_length) & ~terminated
+        return (BraxState(inner, t), inner.obs.astype(jnp.float32),
+                inner.reward.astype(jnp.float32), terminated, truncated)
+
+    def render(self, state) -> np.ndarray:
+        from workbench.envs.gymnax_family import picture_of
+
+        return picture_of(np.asarray(state.inner.obs, np.float32))
