@@ -30,11 +30,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_ppo_vs_rllib import (  # noqa: E402
-    TARGET_RETURN,
     Record,
     code_revision,
     machine,
@@ -53,20 +53,28 @@ KINDS = ("anakin", "single", "actors", "rllib")
 
 
 def single_worker(seed: int, total_env_steps: int) -> Record:
-    """The Anakin learner in this one process, no Ray: one CPU device holds every env."""
+    """Anakin PPO on the JAX CartPole in one plain process, the slice's global batch."""
+    from workbench.engine import TrainConfig
+
+    return single_process_run(TrainConfig(env=JAX_CARTPOLE, mode="anakin", seed=seed,
+                                          total_env_steps=total_env_steps))
+
+
+def single_process_run(slice_config: Any, chips: int = SIMULATED_CHIPS) -> Record:
+    """The Anakin learner of ``slice_config`` in this one process, no Ray: one CPU device
+    steps every env of the ``chips`` chips (the same global batch and hyperparameters)."""
+    import dataclasses
+
     from workbench.learn.platform import configure_jax_platform
 
     configure_jax_platform("cpu")
-    from workbench.engine import TrainConfig
     from workbench.engine.metrics import MetricsLog, UpdateRecord
     from workbench.engine.plan import plan_run
     from workbench.learn.anakin import AnakinLearner
     from workbench.learn.evaluation import GreedyEvaluator
 
     imports_s = process_age_s()
-    # The same global batch as the slice's 4 chips x 16 envs, on one device.
-    config = TrainConfig(env=JAX_CARTPOLE, mode="anakin", total_env_steps=total_env_steps,
-                         seed=seed, envs_per_chip=TrainConfig().envs_per_chip * SIMULATED_CHIPS)
+    config = dataclasses.replace(slice_config, envs_per_chip=slice_config.envs_per_chip * chips)
     plan = plan_run(config)
     num_updates = config.num_updates(1)
     started = time.monotonic()
@@ -74,7 +82,7 @@ def single_worker(seed: int, total_env_steps: int) -> Record:
     learner = AnakinLearner(setup)
     compile_s = learner.compile()
     cold_start_s = time.monotonic() - started
-    log = MetricsLog(1, TARGET_RETURN)
+    log = MetricsLog(1, plan.target_return)
     env_steps = 0
     loop_start = time.time()
     for update in range(num_updates):
@@ -82,10 +90,11 @@ def single_worker(seed: int, total_env_steps: int) -> Record:
         env_steps += learner.steps_per_update
         log.add(UpdateRecord(update + 1, 0, time.time(), env_steps, learner.steps_per_update,
                              list(result.episode_returns), result.step_s, result.metrics))
-        if log.train_target is not None:
+        if config.stop_at_target and log.train_target is not None:
             break
     loop_s = time.time() - loop_start
-    evaluator = GreedyEvaluator(JAX_CARTPOLE, setup.agent, seed, plan.jax_env.make)
+    evaluator = GreedyEvaluator(plan.env_ref or config.env, setup.agent, config.seed,
+                                plan.jax_env.make, config.wrappers)
     final = evaluator.evaluate(learner.policy_numpy(), config.eval_episodes)
     target = log.train_target
     return {
@@ -100,6 +109,7 @@ def single_worker(seed: int, total_env_steps: int) -> Record:
         "time_to_train_target_s": None if target is None else round(target["time"] - loop_start,
                                                                     3),
         "env_steps_to_train_target": None if target is None else target["env_steps"],
+        "mean_return_100": log.rows[-1].get("mean_return_100") if log.rows else None,
         "final_return": float(sum(final) / len(final)),
     }
 

@@ -34,7 +34,7 @@ def test_distributions_agree_with_distrax():
     # Squashed into [-2, 2]: the density of the action, through tanh and a scale of 2.
     low, high = -2.0 * jnp.ones(2), 2.0 * jnp.ones(2)
     squashed = distrax.Transformed(
-        gauss, distrax.Chain([distrax.ScalarAffine(0.0, 2.0), distrax.Tanh()]))
+        gauss, distrax.Block(distrax.Chain([distrax.ScalarAffine(0.0, 2.0), distrax.Tanh()]), 1))
     action = SquashedGaussian(mean, log_std, low, high).to_action(x)
     np.testing.assert_allclose(SquashedGaussian(mean, log_std, low, high).log_prob(x),
                                squashed.log_prob(action), rtol=1e-4, atol=1e-4)

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from conftest import live_actors
 
-from workbench.algos.networks import ActorCritic
+from workbench.algos import Spaces
+from workbench.algos.normalize import init_stats
+from workbench.algos.policies import make_policy
 from workbench.algos.ppo import PPOConfig, make_act
 from workbench.engine import TrainConfig
 from workbench.engine.plan import plan_run
@@ -25,11 +27,13 @@ def _catch_rollout(steps: int):
     from workbench.learn.anakin import init_envs, make_rollout
 
     env = make_jax("workbench/Catch-v0")
-    network = ActorCritic(env.num_actions, (16,))
-    params = network.init(jax.random.PRNGKey(0), np.zeros((1,) + env.observation_shape))
+    config = PPOConfig(hidden_sizes=(16,))
+    policy = make_policy(Spaces(env.observation_shape, "discrete", num_actions=3), config)
+    params = policy.network.init(jax.random.PRNGKey(0), np.zeros((1,) + env.observation_shape))
     carry = init_envs(env, jax.random.PRNGKey(1), 3)
-    rollout = jax.jit(make_rollout(env, make_act(network), steps))
-    return env, rollout(params, carry, jax.random.PRNGKey(2))
+    rollout = jax.jit(make_rollout(env, make_act(policy, config), steps))
+    return env, rollout((params, init_stats(env.observation_shape)), carry,
+                        jax.random.PRNGKey(2))
 
 
 def test_rollout_resets_on_the_next_step_and_masks_it():
@@ -100,14 +104,14 @@ def test_greedy_evaluation_of_a_jax_env_compiled_matches_stepping_its_gymnasium_
     compiled_way = GreedyEvaluator("workbench/CartPole-v1", agent, seed=0,
                                    jax_env=lambda: make_jax("workbench/CartPole-v1"))
     stepped_way = GreedyEvaluator("workbench/CartPole-v1", agent, seed=0)
-    params = agent.build().init(jax.random.PRNGKey(0)).params
-    params = jax.tree.map(np.asarray, params)
+    built = agent.build()
+    params, stats = jax.tree.map(np.asarray, built.policy(built.init(jax.random.PRNGKey(0))))
     # A policy that always pushes right: its episodes end within a few steps of each
     # other whatever the start state, so both ways of evaluating must agree closely.
     params["params"]["Dense_4"] = {"kernel": np.zeros((64, 2), np.float32),
                                    "bias": np.array([0.0, 1.0], np.float32)}
-    compiled = np.array(compiled_way.evaluate(params, 100))
-    stepped = np.array(stepped_way.evaluate(params, 100))
+    compiled = np.array(compiled_way.evaluate((params, stats), 100))
+    stepped = np.array(stepped_way.evaluate((params, stats), 100))
     assert compiled.shape == (100,) and set(np.unique(compiled)) <= set(range(7, 14))
     assert abs(compiled.mean() - stepped.mean()) < 0.5, (compiled.mean(), stepped.mean())
 

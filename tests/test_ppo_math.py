@@ -53,8 +53,10 @@ def test_truncation_bootstraps_and_termination_does_not():
 
 
 def _linear_apply(params, obs):
+    from workbench.algos.distributions import Categorical
+
     logits = obs @ params["w"]
-    return logits, obs.sum(-1) * params["v"]
+    return Categorical(logits), obs.sum(-1) * params["v"]
 
 
 def test_masked_steps_do_not_change_the_loss():
@@ -93,8 +95,9 @@ def test_in_process_learner_steps_and_keeps_shapes():
                                  total_env_steps=10 * 128)).learner_setup(1, "gradients")
     worker = RolloutWorker("CartPole-v1", num_envs=4, rollout_length=32, agent=setup.agent,
                            seed=0)
-    batch = worker.sample(jax.tree.map(np.asarray, setup.agent.build().init(
-        jax.random.PRNGKey(0)).params), policy_version=0)
+    agent = setup.agent.build()
+    batch = worker.sample(jax.tree.map(np.asarray, agent.policy(agent.init(
+        jax.random.PRNGKey(0)))), policy_version=0)
     trajectory = batch.trajectory
     assert trajectory.obs.shape == (32, 4, 4) and batch.policy_version == 0
     assert trajectory.last_obs.shape == (4, 4)
@@ -122,8 +125,9 @@ def test_a_shared_rollout_splits_columns_and_episodes_between_learners():
 
     agent = plan_run(TrainConfig(env="CartPole-v1")).agent(1)
     worker = RolloutWorker("CartPole-v1", num_envs=6, rollout_length=40, agent=agent, seed=3)
-    params = jax.tree.map(np.asarray, agent.build().init(jax.random.PRNGKey(0)).params)
-    whole = worker.sample(params, policy_version=4)
+    built = agent.build()
+    acting = jax.tree.map(np.asarray, built.policy(built.init(jax.random.PRNGKey(0))))
+    whole = worker.sample(acting, policy_version=4)
     parts = whole.split(3)
     assert [p.trajectory.obs.shape for p in parts] == [(40, 2, 4)] * 3
     assert [p.trajectory.last_obs.shape for p in parts] == [(2, 4)] * 3

@@ -18,8 +18,9 @@ CHILD = textwrap.dedent(
     import jax.numpy as jnp
     from jax.sharding import Mesh, PartitionSpec as P
     import optax
-    from workbench.algos import LOCAL, Trajectory
-    from workbench.algos.networks import ActorCritic
+    from workbench.algos import LOCAL, Spaces, Trajectory
+    from workbench.algos.normalize import init_stats
+    from workbench.algos.policies import make_policy
     from workbench.algos.ppo import PPOConfig, PPOState, make_update
     from workbench.learn import sync
 
@@ -36,12 +37,13 @@ CHILD = textwrap.dedent(
                 "value": rng.normal(size=(T, N)).astype(np.float32)},
         last_obs=rng.normal(size=(N, 4)).astype(np.float32),
     )
-    config = PPOConfig(num_epochs=1, num_minibatches=1, normalize_advantages=False)
-    net = ActorCritic(2)
+    config = PPOConfig(num_epochs=1, num_minibatches=1, normalize_advantages=False,
+                       normalize_observations=True, scale_rewards=True)
+    policy = make_policy(Spaces((4,), "discrete", num_actions=2), config)
     opt = optax.sgd(0.5)  # plain SGD: unlike Adam, a wrongly scaled gradient shows
-    params = net.init(jax.random.PRNGKey(0), traj.obs[0])
-    state = PPOState(params, opt.init(params))
-    update = make_update(net, opt, config)
+    params = policy.network.init(jax.random.PRNGKey(0), traj.obs[0])
+    state = PPOState(params, opt.init(params), init_stats((4,)), init_stats(()))
+    update = make_update(policy, opt, config)
     key = jax.random.PRNGKey(1)
     reference, _ = jax.jit(lambda s, t, k: update(s, t, k, LOCAL))(state, traj, key)
 
@@ -57,8 +59,9 @@ CHILD = textwrap.dedent(
         # Chip 2 asks to stop, chip 3 to checkpoint (one row of request flags per chip).
         requests = jnp.array([[0, 0], [0, 0], [1, 0], [0, 1]])
         got, metrics, agreed = sharded(state, traj, key, requests)
+        # The parameters and the running statistics (averaged over chips) alike.
         diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in
-                   zip(jax.tree.leaves(got.params), jax.tree.leaves(reference.params)))
+                   zip(jax.tree.leaves(got), jax.tree.leaves(reference)))
         print(strategy, diff)
         print(strategy + "-agreed", "".join(str(int(a)) for a in agreed))
         _, _, agreed = sharded(state, traj, key, jnp.zeros((4, 2), jnp.int32))

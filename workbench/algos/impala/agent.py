@@ -121,7 +121,8 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation,
     def update(state: IMPALAState, trajectory: Trajectory, key: jax.Array, chips: ChipMean):
         grad_fn = chips.value_and_grad(loss_fn, has_aux=True)
         N = trajectory.rewards.shape[1]
-        width = N // config.num_minibatches
+        minibatches = min(config.num_minibatches, N)  # whole envs per minibatch
+        width = N // minibatches
 
         def minibatch_step(carry, columns):
             params, opt_state = carry
@@ -134,9 +135,8 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation,
 
         def epoch(carry, epoch_key):
             # Whole trajectories per minibatch: V-trace runs along time.
-            order = jax.random.permutation(epoch_key, N)[: width * config.num_minibatches]
-            return jax.lax.scan(minibatch_step, carry,
-                                order.reshape(config.num_minibatches, width))
+            order = jax.random.permutation(epoch_key, N)[: width * minibatches]
+            return jax.lax.scan(minibatch_step, carry, order.reshape(minibatches, width))
 
         (params, opt_state), metrics = jax.lax.scan(
             epoch, (state.params, state.opt_state), jax.random.split(key, config.num_epochs))

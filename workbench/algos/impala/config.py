@@ -18,7 +18,7 @@ from workbench.algos.base import (
 class IMPALAConfig:
     """What IMPALA (an actor-critic corrected for policy lag by V-trace) learns with."""
 
-    learning_rate: float = 1e-3
+    learning_rate: float = 3e-3
     """Adam step size (linearly annealed to 0 when ``anneal_lr``)."""
     anneal_lr: bool = True
     """Decay the learning rate linearly to zero over the run's updates."""
@@ -38,8 +38,9 @@ class IMPALAConfig:
     """Weight of the entropy bonus."""
     max_grad_norm: float = 40.0
     """Global gradient-norm clip."""
-    num_minibatches: int = 1
-    """Gradient steps per batch, each on a slice of its envs (whole trajectories)."""
+    num_minibatches: int = 16
+    """Gradient steps per batch, each on a slice of its envs (whole trajectories; at most
+    one per env)."""
     num_epochs: int = 1
     """Passes over each batch."""
     hidden_sizes: tuple[int, ...] = (64, 64)

@@ -19,7 +19,7 @@ class PQNConfig:
     """What PQN (parallel Q-learning: Q(lambda) on vectorised envs, no replay buffer, no
     target network) learns with."""
 
-    learning_rate: float = 2.5e-4
+    learning_rate: float = 1e-3
     """Adam step size (linearly annealed to 0 when ``anneal_lr``)."""
     anneal_lr: bool = True
     """Decay the learning rate linearly to zero over the run's updates."""
