@@ -24,6 +24,17 @@ def test_a_row_closes_only_when_every_chip_has_reported():
     assert [r["update"] for r in log.rows] == [1]
 
 
+def test_records_arriving_out_of_order_still_make_every_row_in_order():
+    # The board takes records on several threads: a chip's update 2 can come before its 1,
+    # and a replacement board gets records again that it already joined.
+    log = MetricsLog(num_chips=2, target_return=475)
+    for update, rank in [(2, 0), (2, 1), (1, 1), (3, 0), (1, 0), (3, 1), (2, 0), (1, 1)]:
+        log.add(_record(update, rank, [float(update)]))
+    assert [r["update"] for r in log.rows] == [1, 2, 3]
+    assert [r["episodes"] for r in log.rows] == [2, 4, 6]
+    assert log.pending == {}
+
+
 def test_a_restart_from_a_checkpoint_ahead_of_the_last_joined_row_keeps_the_curve_going():
     # Rank 0 saved update 12 and pushed its record; rank 1 died before pushing update 12.
     log = MetricsLog(num_chips=2, target_return=475)

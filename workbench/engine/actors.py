@@ -27,14 +27,23 @@ class Checkpoints:
     """Continue from the newest checkpoint that checks out."""
 log = logging.getLogger(__name__)
 
+RECORDS_KEPT = 1024
+"""Per chip, how many of its latest update records a replacement board gets again."""
+
 
 class ChipLearnerActor:
     """One chip's learner process (a Ray actor pinned to the chip's bundle)."""
 
     def __init__(self, rank: int, num_chips: int) -> None:
+        import threading
+        from collections import deque
+
         self.rank = rank
         self.num_chips = num_chips
         self._stop_requested = False
+        self._recent: deque[UpdateRecord] = deque(maxlen=RECORDS_KEPT)
+        """This chip's latest records, sent again to a board that replaces a lost one."""
+        self._records_lock = threading.Lock()
 
     def coordinator_address(self) -> str:
         import ray
@@ -109,9 +118,20 @@ class ChipLearnerActor:
     def request_stop(self) -> None:
         self._stop_requested = True
 
-    def set_board(self, board) -> None:
-        """Report to a new metrics board (the driver replaced a lost one)."""
-        self.board = board
+    def set_board(self, board, since: int = 0) -> None:
+        """Report to a new metrics board (the driver replaced a lost one), sending it again
+        this chip's recent records of updates after ``since`` (the last row the driver
+        saw): those that went to the lost board would be missing from the curve."""
+        with self._records_lock:
+            self.board = board
+            for record in self._recent:
+                if record.update > since:
+                    board.record.remote(record)
+
+    def _push(self, record: UpdateRecord) -> None:
+        with self._records_lock:
+            self._recent.append(record)
+            self.board.record.remote(record)
 
     def _checkpoint_due(self, update: int, last_saved_at: float) -> bool:
         """Rank 0 asks for checkpoints (the others learn of it through the update)."""
@@ -131,7 +151,7 @@ class ChipLearnerActor:
             outcome = learner.step(stop=self._stop_requested,
                                    checkpoint=self._checkpoint_due(update, last_saved_at))
             self.env_steps += outcome.env_steps
-            self.board.record.remote(UpdateRecord(
+            self._push(UpdateRecord(
                 update=update + 1,
                 rank=self.rank,
                 time=time.time(),

@@ -141,11 +141,12 @@ class Attempt:
     def launch(self) -> None:
         self.runs = [lr.train.remote() for lr in self.learners]
 
-    def set_board(self, board) -> None:
-        """Point every learner at a new metrics board."""
+    def set_board(self, board, since: int) -> None:
+        """Point every learner at a new metrics board, which gets their records of updates
+        after ``since`` again."""
         import ray
 
-        ray.get([lr.set_board.remote(board) for lr in self.learners], timeout=30)
+        ray.get([lr.set_board.remote(board, since) for lr in self.learners], timeout=30)
 
     def request_stop(self) -> None:
         import ray

@@ -51,7 +51,8 @@ class MetricsLog:
         self.rows: list[dict] = []
         self.row_returns: list[list[float]] = []
         """The episode returns each row closed, kept apart so snapshots stay small."""
-        self.last_closed: int | None = None
+        self.last_closed = 0
+        """The last update joined into a row (updates count from 1)."""
         self.recent: deque = deque(maxlen=WINDOW)
         self.episodes = 0
         self.train_target: dict | None = None
@@ -59,28 +60,22 @@ class MetricsLog:
         self.eval_target: dict | None = None
 
     def add(self, record: UpdateRecord) -> None:
+        # NOTE: the board runs records on several threads, so one chip's records can arrive
+        # out of order; rows are joined strictly in update order all the same. A record of
+        # an update already joined (sent again to a replacement board) is dropped.
+        if record.update <= self.last_closed:
+            return
         self.pending.setdefault(record.update, {})[record.rank] = record
         while self.pending:
-            next_update = (
-                self.last_closed + 1 if self.last_closed is not None else min(self.pending)
-            )
+            next_update = self.last_closed + 1
             parts = self.pending.get(next_update, {})
             if len(parts) == self.num_chips:
                 del self.pending[next_update]
                 self._close(next_update, [parts[r] for r in sorted(parts)])
-            elif self._lost(next_update):
-                # NOTE: each chip's records arrive in order, so a chip that has reported a
-                # later update will never report this one: its record was lost (a board
-                # replaced meanwhile). The update is skipped, not waited for forever.
-                self.pending.pop(next_update, None)
-                self.last_closed = next_update
             else:
+                # NOTE: never skipped: a record sent to a board that was lost reaches its
+                # replacement too (the chips send their recent records again).
                 return
-
-    def _lost(self, update: int) -> bool:
-        later = {rank for u, parts in self.pending.items() if u > update for rank in parts}
-        present = set(self.pending.get(update, {}))
-        return len(later | present) == self.num_chips and bool(later - present)
 
     def _close(self, update: int, parts: list[UpdateRecord]) -> None:
         finished = [r for p in parts for r in p.episode_returns]  # rank order: reproducible
@@ -104,6 +99,7 @@ class MetricsLog:
                 else None
             ),
             "chip_step_s": [p.step_s for p in parts],
+            "policy_versions": list(parts[0].policy_versions),
             **parts[0].metrics,
         }
         self.rows.append(row)
@@ -145,7 +141,7 @@ class MetricsLog:
         """The rolling window and episode count as they were after ``update`` (what a
         checkpoint of that update records), or None if its row is not closed yet."""
         kept = [i for i, r in enumerate(self.rows) if r["update"] <= update]
-        if self.last_closed is None or self.last_closed < update:
+        if self.last_closed < update:
             return None
         returns = [x for i in kept for x in self.row_returns[i]][-WINDOW:]
         episodes = self.rows[kept[-1]]["episodes"] if kept else 0
@@ -165,7 +161,7 @@ class MetricsLog:
         """A log holding ``rows`` (what the driver has seen), to replace a lost board's."""
         log = cls(num_chips, target_return)
         log.rows, log.row_returns = list(rows), [list(r) for r in returns]
-        log.last_closed = rows[-1]["update"] if rows else None
+        log.last_closed = rows[-1]["update"] if rows else 0
         log.recent = deque((x for r in log.row_returns for x in r), maxlen=WINDOW)
         log.episodes = rows[-1]["episodes"] if rows else 0
         if target_return is not None:
