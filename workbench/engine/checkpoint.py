@@ -197,12 +197,20 @@ def check_compatible(meta: dict, identity: dict, directory: str) -> None:
         CheckpointError: another env, algorithm, algorithm config or spaces, naming both.
     """
     for key in IDENTITY:
-        if _plain(meta.get(key)) != _plain(identity.get(key)):
-            raise CheckpointError(
-                f"The checkpoints in {directory!r} were written with {key} "
-                f"{_shown(meta.get(key))}, and this run has {key} {_shown(identity.get(key))}. "
-                f"Resume with the same {key}, or start fresh in another checkpoint_dir."
-            )
+        written, wanted = _plain(meta.get(key)), _plain(identity.get(key))
+        if written == wanted:
+            continue
+        if isinstance(written, dict) and isinstance(wanted, dict):
+            # Name only the entries that differ (a config has dozens of fields).
+            keys = sorted({k for k in written.keys() | wanted.keys()
+                           if written.get(k) != wanted.get(k)})
+            written = {k: written.get(k) for k in keys}
+            wanted = {k: wanted.get(k) for k in keys}
+        raise CheckpointError(
+            f"The checkpoints in {directory!r} were written with {key} {_shown(written)}, "
+            f"and this run has {key} {_shown(wanted)}. Resume with the same {key}, or start "
+            "fresh in another checkpoint_dir."
+        )
 
 
 def slice_note(meta: dict, shape_record: dict) -> str | None:

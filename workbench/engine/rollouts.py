@@ -97,8 +97,8 @@ class SharedRollout:
     def snapshot(self, for_update: int) -> bytes | None:
         return self.worker.snapshot(for_update)
 
-    def restore(self, snapshot: bytes) -> None:
-        self.worker.restore(snapshot)
+    def restore(self, snapshot: bytes) -> bool:
+        return self.worker.restore(snapshot)
 
 
 class RolloutKeeper:
@@ -153,9 +153,8 @@ class RolloutKeeper:
 
         if len(snapshots) != len(self.actors) or any(s is None for s in snapshots):
             return False
-        ray.get([actor.restore.remote(s) for actor, s in zip(self.actors, snapshots,
-                                                             strict=True)])
-        return True
+        return all(ray.get([actor.restore.remote(s)
+                            for actor, s in zip(self.actors, snapshots, strict=True)]))
 
     def replace(self, index: int, dead_actor_id: str):
         with self._lock:

@@ -247,6 +247,11 @@ class RolloutWorker:
     # ---- exact resumes -------------------------------------------------------------------
 
     def _snapshot(self) -> bytes | None:
+        # NOTE: gymnasium's SyncVectorEnv keeps the generator of its env makers, which
+        # cannot be pickled and is not needed after construction.
+        makers = getattr(self.env, "env_fns", None)
+        if makers is not None and not isinstance(makers, (list, tuple)):
+            self.env.env_fns = None
         try:
             return pickle.dumps((self.env, self._obs, self._done, self._episode_return,
                                  self._episode_length, np.asarray(self._key)))
@@ -254,24 +259,30 @@ class RolloutWorker:
             if not self._unpicklable_warned:
                 self._unpicklable_warned = True
                 log.warning("%s's envs cannot be pickled (%s): a resumed run starts them "
-                            "afresh", self.env_id, error)
+                            "afresh", getattr(self.env_id, "id", self.env_id), error)
             return None
+        finally:
+            if makers is not None and not isinstance(makers, (list, tuple)):
+                self.env.env_fns = makers
 
     def snapshot(self, for_update: int) -> bytes | None:
         """The envs as they were before the rollout for update ``for_update`` (the latest
         few are kept): what a checkpoint needs to resume this worker exactly."""
         return self._snapshots.get(for_update)
 
-    def restore(self, snapshot: bytes) -> None:
-        """Continue from a :meth:`snapshot` (read from this user's own checkpoint)."""
+    def restore(self, snapshot: bytes) -> bool:
+        """Continue from a :meth:`snapshot` (read from this user's own checkpoint). False,
+        changing nothing, when it holds another number of envs (a checkpoint of another
+        slice shape): the envs then start afresh."""
         env, obs, done, episode_return, episode_length, key = pickle.loads(snapshot)
         if obs.shape[0] != self.num_envs:
-            raise ValueError(f"the snapshot holds {obs.shape[0]} envs, this worker "
-                             f"{self.num_envs}")
+            env.close()
+            return False
         self.env.close()
         self.env, self._obs, self._done = env, obs, done
         self._episode_return, self._episode_length, self._key = episode_return, \
             episode_length, key
+        return True
 
     def sample(self, policy, policy_version: int, for_update: int | None = None) -> RolloutBatch:
         """Collect one rollout acting with ``policy`` (a pytree of numpy arrays) after
