@@ -22,6 +22,9 @@ from collections.abc import Iterator
 log = logging.getLogger(__name__)
 
 _active: set[threading.Event] = set()
+_raise_in_main = False
+"""Whether a termination signal ends in :class:`Terminated` (the CLI) rather than in the
+signal's previous handler (a notebook kernel); set once, by whoever asks first."""
 TERMINATION_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 STOP_GRACE_S = 20.0
 """How long a terminated process gives its runs to stop and checkpoint (a pod has 30 s)."""
@@ -64,33 +67,37 @@ def handle_termination(*, raise_in_main: bool = False) -> bool:
     """Make SIGTERM and SIGHUP stop this process's runs cleanly before it goes.
 
     Called from the main thread (signals can only be handled there); elsewhere, or when the
-    handlers are already in place, it does nothing.
+    handlers are already in place, it does nothing. Called again after something else took
+    the signals (``ray.init`` installs a handler of its own), it wraps that one.
 
     Args:
         raise_in_main: after the runs have stopped, raise :class:`Terminated` in the main
             thread (the CLI reports it and exits) instead of ending the process the way
-            the signal's previous handler would (a notebook kernel).
+            the signal's previous handler would (a notebook kernel). Once asked for, it
+            holds for the process.
 
     Returns:
         Whether the handlers are in place.
     """
+    global _raise_in_main
     if threading.current_thread() is not threading.main_thread():
         return False
+    _raise_in_main = _raise_in_main or raise_in_main
     for signum in TERMINATION_SIGNALS:
         previous = signal.getsignal(signum)
         if getattr(previous, "workbench_stops", False):
             continue
-        signal.signal(signum, _handler(previous, raise_in_main))
+        signal.signal(signum, _handler(previous))
     return True
 
 
-def _handler(previous, raise_in_main: bool):
+def _handler(previous):
     def on_signal(signum, frame) -> None:
         log.warning("%s: stopping training (final checkpoint) and releasing slices",
                     signal.Signals(signum).name)
         stop_all(STOP_GRACE_S)
         _release_slices()
-        if raise_in_main:
+        if _raise_in_main:
             raise Terminated(signum)
         signal.signal(signum, previous)
         if callable(previous):
