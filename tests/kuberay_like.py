@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from dataclasses import dataclass, field
@@ -33,6 +35,9 @@ RAY = str(Path(sys.executable).with_name("ray"))
 @dataclass
 class KubeRayLikeCluster:
     temp_dir: Path
+    ray_temp_dir: str = ""
+    """Ray's own temp dir: short, since Ray's Unix socket paths below it must stay within
+    107 characters (a pytest tmp_path is too long)."""
     gcs_address: str = ""
     client_address: str = ""
     slices: list[str] = field(default_factory=list)
@@ -67,7 +72,7 @@ class KubeRayLikeCluster:
         self._start(["--head", "--node-ip-address", NODE_IP, "--port", str(gcs),
                      "--ray-client-server-port", str(client), "--include-dashboard", "false",
                      "--num-cpus", str(cpus), "--disable-usage-stats",
-                     "--temp-dir", str(self.temp_dir / "ray"), *self._ports()], self.env())
+                     "--temp-dir", self.ray_temp_dir, *self._ports()], self.env())
 
     def add_slice(self, generation: str, topology: str, cpus_per_chip: int = 2) -> str:
         """The hosts of one TPU slice, each a `ray start` node with the webhook's view."""
@@ -77,7 +82,11 @@ class KubeRayLikeCluster:
             env = self.env({"TPU_NAME": name, "TPU_WORKER_ID": str(worker),
                             "TPU_ACCELERATOR_TYPE": shape.pod_type,
                             "TPU_TOPOLOGY": shape.topology})
+            # A temp dir per node: nodes started at once on one machine would otherwise
+            # race for the same socket names in the head's (Ray picks the first free one).
+            node_dir = f"{self.ray_temp_dir}/n{len(self.processes)}"
             self._start(["--address", self.gcs_address, "--node-ip-address", NODE_IP,
+                         "--temp-dir", node_dir,
                          "--num-cpus", str(shape.chips_per_host * cpus_per_chip),
                          "--resources", json.dumps({"TPU": shape.chips_per_host}),
                          *self._ports()], env)
@@ -106,7 +115,7 @@ class KubeRayLikeCluster:
         return "\n".join(p.read_text()[-1500:] for p in sorted(self.temp_dir.glob("node-*.log")))
 
     def live_processes(self) -> list[int]:
-        marker = str(self.temp_dir)
+        marker = self.ray_temp_dir
         found = {p.pid for p in self.processes if p.poll() is None}
         for proc in psutil.process_iter(["pid", "cmdline"]):
             with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
@@ -133,10 +142,12 @@ class KubeRayLikeCluster:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
         psutil.wait_procs(leftovers, timeout=10)
+        shutil.rmtree(self.ray_temp_dir, ignore_errors=True)
 
 
 def start_cluster(temp_dir: Path, slices: list[tuple[str, str]]) -> KubeRayLikeCluster:
-    cluster = KubeRayLikeCluster(temp_dir)
+    cluster = KubeRayLikeCluster(temp_dir, ray_temp_dir=tempfile.mkdtemp(prefix="kr-",
+                                                                          dir="/tmp"))
     try:
         cluster.start_head()
         time.sleep(2)  # the head's GCS before the hosts try to join it

@@ -35,7 +35,11 @@ x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("chips")),
                                            np.ones((1,), np.float32))
 total = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "chips"), mesh=mesh,
                               in_specs=P("chips"), out_specs=P()))(x)
-listening = sorted({c.laddr.ip for c in psutil.Process().net_connections(kind="inet")
+import ipaddress
+def v4(ip):  # an IPv4-mapped IPv6 address ("::ffff:127.0.0.1") is its IPv4 address
+    mapped = getattr(ipaddress.ip_address(ip), "ipv4_mapped", None)
+    return str(mapped) if mapped else ip
+listening = sorted({v4(c.laddr.ip) for c in psutil.Process().net_connections(kind="inet")
                     if c.status == psutil.CONN_LISTEN})
 print(json.dumps({"rank": rank, "sum": float(np.asarray(total.addressable_data(0))[0]),
                   "listening": listening}), flush=True)
@@ -57,8 +61,11 @@ def exposed_host():
     try:
         _ip("netns", "add", name)
         _ip("-n", name, "link", "set", "lo", "up")
-        _ip("-n", name, "link", "add", "outside0", "type", "dummy")
+        # A veth pair with both ends inside: a non-loopback interface (some kernels have
+        # no dummy device type).
+        _ip("-n", name, "link", "add", "outside0", "type", "veth", "peer", "name", "outside1")
         _ip("-n", name, "addr", "add", f"{OUTSIDE}/24", "dev", "outside0")
+        _ip("-n", name, "link", "set", "outside1", "up")
         _ip("-n", name, "link", "set", "outside0", "up")
         # `ip netns exec` puts /etc/netns/<name>/hosts in place of /etc/hosts.
         hosts.parent.mkdir(parents=True, exist_ok=True)

@@ -282,7 +282,7 @@ class LocalCluster:
         _check_positive("timeout_s", timeout_s, "seconds")
         if isinstance(head_cpus, bool) or not isinstance(head_cpus, int) or head_cpus < 0:
             raise ValueError(f"head_cpus must be a whole number >= 0, got {head_cpus!r}.")
-        self.temp_dir = tempfile.mkdtemp(prefix="wb-")
+        self.temp_dir = tempfile.mkdtemp(prefix="wb-", dir=_short_temp_root())
         spec = {
             "temp_dir": self.temp_dir,
             "head_cpus": head_cpus,
@@ -425,6 +425,20 @@ def _slice_shapes(slices: object) -> list[SliceShape]:
             )
         shapes.append(parse_shape(*pair))
     return shapes
+
+
+# Ray puts Unix sockets under its temp dir, ``<dir>/session_<date>_<pid>/sockets/
+# plasma_store.<n>``: about 75 characters below the dir, within the 107 a socket path may have.
+_MAX_TEMP_ROOT = 30
+
+
+def _short_temp_root() -> str | None:
+    """The system temp folder (``TMPDIR``), or ``/tmp`` when that path is too long for the
+    sockets Ray makes below it."""
+    root = tempfile.gettempdir()
+    if len(root) <= _MAX_TEMP_ROOT or not os.access("/tmp", os.W_OK):
+        return root
+    return "/tmp"
 
 
 def _cluster_processes(simulator_pid: int, temp_dir: str) -> set[int]:
