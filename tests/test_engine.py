@@ -198,7 +198,7 @@ def test_an_algorithm_registered_in_a_cell_trains_cartpole_in_both_modes(cluster
      (TrainConfig(resume=True), "checkpoint_dir"),
      (TrainConfig(algo="nope"), "Unknown algorithm 'nope'"),
      (TrainConfig(env="workbench/Catch-v0", target_return=float("nan")), "target_return"),
-     (TrainConfig(env="Pendulum-v1"), "continuous actions, and ppo handles discrete"),
+     (TrainConfig(env="Pendulum-v1", algo="pqn"), "continuous actions, and pqn handles discrete"),
      (TrainConfig(rollout_actors_per_host=3), "does not divide")],
 )
 def test_bad_training_configs_are_refused_before_anything_starts(cluster, config, match):

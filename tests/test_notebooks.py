@@ -168,7 +168,8 @@ def test_stop_button_and_interrupt_end_training_cleanly(cluster, tmp_path, pytho
         ended_s = time.monotonic() - seen["interrupted_at"]
     assert seen["stopped_by_click"] is True
     assert run.done and run.error is None
-    assert ended_s < 5, f"training took {ended_s:.1f} s to stop after the interrupt"
+    # A few seconds on an idle machine; the bound leaves room for a busy 2-core one.
+    assert ended_s < 15, f"training took {ended_s:.1f} s to stop after the interrupt"
     planned = config.num_updates(4)
     assert 1 <= run.result.updates < planned
     saved = checkpoint.restore(str(tmp_path))
@@ -256,7 +257,7 @@ def test_shutting_the_kernel_down_stops_training_checkpoints_and_releases(cluste
         client.stop_channels()
         if manager.is_alive():
             manager.shutdown_kernel(now=True)
-    assert ended_s < 5, f"the kernel took {ended_s:.1f} s to shut down"
+    assert ended_s < 15, f"the kernel took {ended_s:.1f} s to shut down"
     step = checkpoint.latest_step(str(checkpoints))
     assert step is not None and step >= 3, "no final checkpoint of the run in the kernel"
     # The slice and every actor and worker process of the run are gone.

@@ -15,7 +15,7 @@ from workbench.tpu.placement import probe_chips
 
 def test_cluster_nodes_look_like_gke_tpu_hosts(cluster):
     hosts = [n for n in ray.nodes() if n["Alive"] and "ray.io/tpu-pod-type" in n["Labels"]]
-    assert len(hosts) == 4 + 1 + 1 + 1
+    assert len(hosts) == 4 + 1 + 1 + 1 + 2
     big = [n for n in hosts if n["Labels"]["ray.io/tpu-pod-type"] == "v6e-16"]
     assert sorted(n["Labels"]["ray.io/tpu-worker-id"] for n in big) == ["0", "1", "2", "3"]
     slice_name = big[0]["Labels"]["ray.io/tpu-slice-name"]
@@ -31,7 +31,8 @@ def test_cluster_nodes_look_like_gke_tpu_hosts(cluster):
 
 def test_list_slices_reports_every_slice_intact_and_free(cluster):
     slices = wb.list_slices()
-    assert sorted(s.shape.label for s in slices) == ["v6e 2x2", "v6e 2x2", "v6e 2x4", "v6e 4x4"]
+    assert sorted(s.shape.label for s in slices) == ["v5p 2x2x2", "v6e 2x2", "v6e 2x2",
+                                                     "v6e 2x4", "v6e 4x4"]
     assert all(s.intact and s.free for s in slices)
 
 
