@@ -1,9 +1,9 @@
-"""A training run in the background: start it, watch its progress, stop it, wait for it.
+"""Work on a reserved slice in the background: start it, watch its progress, stop it, wait.
 
-``TrainingRun`` runs :func:`workbench.engine.driver.train` in a thread, so the caller (a
-notebook kernel, the CLI) stays free. Observers register callbacks; the handle itself
-knows nothing of widgets or terminals, and the dashboard and ``workbench train`` are both
-observers of the same handle.
+``TrainingRun`` runs :func:`workbench.engine.driver.train` in a thread, and ``SweepRun`` a
+sweep (:mod:`workbench.engine.sweep`), so the caller (a notebook kernel, the CLI) stays
+free. Observers register callbacks; the handles know nothing of widgets or terminals, and
+the dashboards and the command line are all observers of the same handles.
 """
 
 from __future__ import annotations
@@ -19,11 +19,144 @@ from workbench.engine.result import TrainResult
 
 log = logging.getLogger(__name__)
 
-UpdateCallback = Callable[[dict], None]
-EndCallback = Callable[["TrainingRun"], None]
+UpdateCallback = Callable[..., None]
+EndCallback = Callable[["BackgroundRun"], None]
 
 
-class TrainingRun:
+class BackgroundRun:
+    """Work going on in a background thread, with callbacks, a stop flag and a result.
+
+    Subclasses plan in ``__init__`` (so a bad config fails in the caller's cell) and do the
+    work in :meth:`_work`, calling :meth:`_on_row` with each update's news and polling
+    :attr:`stopped`.
+    """
+
+    def __init__(self, tpu_slice, *, release_slice: bool = False) -> None:
+        self.tpu_slice = tpu_slice
+        self.release_slice = release_slice
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._rows: list = []
+        self._update_callbacks: list[UpdateCallback] = []
+        self._stop_callbacks: list[Callable[[], None]] = []
+        self._end_callbacks: list[EndCallback] = []
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="workbench-run", daemon=True)
+
+    # ---- observing --------------------------------------------------------------------
+
+    def on_update(self, callback: UpdateCallback):
+        """Call ``callback(...)`` (from the work's thread) with each update's news."""
+        self._update_callbacks.append(callback)
+        return self
+
+    def on_stop(self, callback: Callable[[], None]):
+        """Call ``callback()`` when a stop is asked for (from whichever thread asked)."""
+        self._stop_callbacks.append(callback)
+        return self
+
+    def on_end(self, callback: EndCallback):
+        """Call ``callback(run)`` (from the work's thread) once the work has ended."""
+        self._end_callbacks.append(callback)
+        return self
+
+    @property
+    def rows(self) -> list:
+        """Every update seen so far."""
+        with self._lock:
+            return list(self._rows)
+
+    @property
+    def done(self) -> bool:
+        """The work has ended (finished, stopped or failed)."""
+        return self._done.is_set()
+
+    @property
+    def stopped(self) -> bool:
+        """A stop was asked for (:meth:`stop`, a Stop button, an interrupted wait)."""
+        return self._stop.is_set()
+
+    # ---- steering ---------------------------------------------------------------------
+
+    def start(self):
+        from workbench.engine.stops import handle_termination
+
+        # A kernel told to terminate (a pod evicted) stops this work cleanly first.
+        handle_termination()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Ask the work to end after the current update; returns at once."""
+        if self._stop.is_set() or self.done:
+            return
+        self._stop.set()
+        for callback in self._stop_callbacks:
+            _call(callback)
+
+    def wait(self, timeout_s: float | None = None, *, interrupt_grace_s: float = 30.0):
+        """Block until the work ends and return its result.
+
+        Interrupting (Ctrl-C, a notebook's interrupt) while this waits asks for a stop,
+        waits up to ``interrupt_grace_s`` for the work to end cleanly, and re-raises.
+
+        Args:
+            timeout_s: give up waiting after this long (the work goes on).
+            interrupt_grace_s: how long an interrupted wait gives the work to end.
+
+        Raises:
+            TimeoutError: ``timeout_s`` passed first.
+            KeyboardInterrupt: the wait was interrupted (the work has been stopped).
+            Exception: whatever ended the work with an error, re-raised.
+        """
+        import time
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            # Short joins keep the waiting thread responsive to an interrupt.
+            while not self._done.wait(0.2):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"the work is still running after {timeout_s:g} s")
+        except KeyboardInterrupt:
+            self.stop()
+            self._done.wait(interrupt_grace_s)
+            raise
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    # ---- the work's thread ------------------------------------------------------------
+
+    def _on_row(self, *news) -> None:
+        with self._lock:
+            self._rows.append(news[0] if len(news) == 1 else news)
+        for callback in self._update_callbacks:
+            _call(callback, *news)
+
+    def _work(self) -> Any:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        try:
+            self.result = self._work()
+        except BaseException as error:  # handed to wait(), which re-raises it
+            self.error = error
+        finally:
+            if self.release_slice:
+                try:
+                    self.tpu_slice.release()
+                except Exception:
+                    log.warning("releasing the slice after the work failed", exc_info=True)
+            try:
+                for callback in self._end_callbacks:
+                    _call(callback, self)
+            finally:
+                self._done.set()
+
+
+class TrainingRun(BackgroundRun):
     """One run on a reserved slice, going on in a background thread.
 
     Args:
@@ -40,54 +173,17 @@ class TrainingRun:
 
     def __init__(self, tpu_slice, config: TrainConfig | None = None, *,
                  release_slice: bool = False, **train_kwargs: Any) -> None:
+        from workbench.engine.driver import WatchOptions
         from workbench.engine.plan import check_slice, plan_run
 
+        super().__init__(tpu_slice, release_slice=release_slice)
         self.config = config or TrainConfig()
         # Fail in the calling cell, not later in the thread.
         self.plan = plan_run(self.config)
         check_slice(self.plan, tpu_slice)
-        from workbench.engine.driver import WatchOptions
-
-        for driven in ("on_update", "should_stop"):
-            if driven in train_kwargs:
-                raise ValueError(f"{driven} is driven by the run handle: use "
-                                 f"run.on_update(...) and run.stop() instead.")
-        allowed = {f.name for f in dataclasses.fields(WatchOptions)} - {"on_update",
-                                                                         "should_stop"}
-        unknown = sorted(set(train_kwargs) - allowed)
-        if unknown:
-            raise ValueError(f"TrainingRun got unknown options {', '.join(unknown)}; it takes "
-                             f"{', '.join(sorted(allowed))}.")
-        self.tpu_slice = tpu_slice
-        self.release_slice = release_slice
-        self.result: TrainResult | None = None
-        self.error: BaseException | None = None
+        _check_options(train_kwargs, {f.name for f in dataclasses.fields(WatchOptions)})
         self._train_kwargs = train_kwargs
-        self._rows: list[dict] = []
-        self._update_callbacks: list[UpdateCallback] = []
-        self._stop_callbacks: list[Callable[[], None]] = []
-        self._end_callbacks: list[EndCallback] = []
-        self._stop = threading.Event()
-        self._done = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="workbench-training", daemon=True)
-
-    # ---- observing --------------------------------------------------------------------
-
-    def on_update(self, callback: UpdateCallback) -> TrainingRun:
-        """Call ``callback(row)`` (from the training thread) for every update's row."""
-        self._update_callbacks.append(callback)
-        return self
-
-    def on_stop(self, callback: Callable[[], None]) -> TrainingRun:
-        """Call ``callback()`` when a stop is asked for (from whichever thread asked)."""
-        self._stop_callbacks.append(callback)
-        return self
-
-    def on_end(self, callback: EndCallback) -> TrainingRun:
-        """Call ``callback(run)`` (from the training thread) once training has ended."""
-        self._end_callbacks.append(callback)
-        return self
+        self.result: TrainResult | None = None
 
     @property
     def run_dir(self) -> str:
@@ -99,112 +195,65 @@ class TrainingRun:
         """The return the run's targets are measured against (None: the env has none)."""
         return self.plan.target_return
 
-    @property
-    def rows(self) -> list[dict]:
-        """Every update row seen so far."""
-        with self._lock:
-            return list(self._rows)
-
-    @property
-    def done(self) -> bool:
-        """Training has ended (finished, stopped or failed)."""
-        return self._done.is_set()
-
-    @property
-    def stopped(self) -> bool:
-        """A stop was asked for (:meth:`stop`, a Stop button, an interrupted wait)."""
-        return self._stop.is_set()
-
-    # ---- steering ---------------------------------------------------------------------
-
-    def start(self) -> TrainingRun:
-        from workbench.engine.stops import handle_termination
-
-        # A kernel told to terminate (a pod evicted) stops this run cleanly first.
-        handle_termination()
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Ask training to end after the current update; returns at once.
-
-        With a ``checkpoint_dir`` in the config the learners write a final checkpoint.
-        """
-        if self._stop.is_set() or self.done:
-            return
-        self._stop.set()
-        for callback in self._stop_callbacks:
-            _call(callback)
-
-    def wait(self, timeout_s: float | None = None, *,
-             interrupt_grace_s: float = 30.0) -> TrainResult:
-        """Block until training ends and return its result.
-
-        Interrupting (Ctrl-C, a notebook's interrupt) while this waits asks for a stop,
-        waits up to ``interrupt_grace_s`` for training to end cleanly, and re-raises.
-
-        Args:
-            timeout_s: give up waiting after this long (training goes on).
-            interrupt_grace_s: how long an interrupted wait gives training to end.
-
-        Raises:
-            TimeoutError: ``timeout_s`` passed first.
-            KeyboardInterrupt: the wait was interrupted (training has been stopped).
-            Exception: whatever ended training with an error, re-raised.
-        """
-        import time
-
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        try:
-            # Short joins keep the waiting thread responsive to an interrupt.
-            while not self._done.wait(0.2):
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"training is still running after {timeout_s:g} s")
-        except KeyboardInterrupt:
-            self.stop()
-            self._done.wait(interrupt_grace_s)
-            raise
-        if self.error is not None:
-            raise self.error
-        assert self.result is not None
-        return self.result
-
-    # ---- the training thread ----------------------------------------------------------
-
-    def _on_row(self, row: dict) -> None:
-        with self._lock:
-            self._rows.append(row)
-        for callback in self._update_callbacks:
-            _call(callback, row)
-
-    def _run(self) -> None:
+    def _work(self) -> TrainResult:
         from workbench.engine.driver import WatchOptions, run_planned
 
         options = WatchOptions(on_update=self._on_row, should_stop=self._stop.is_set,
                                **self._train_kwargs)
-        try:
-            self.result = run_planned(self.tpu_slice, self.plan, options)
-        except BaseException as error:  # handed to wait(), which re-raises it
-            self.error = error
-        finally:
-            if self.release_slice:
-                try:
-                    self.tpu_slice.release()
-                except Exception:
-                    log.warning("releasing the slice after training failed", exc_info=True)
-            try:
-                for callback in self._end_callbacks:
-                    _call(callback, self)
-            finally:
-                self._done.set()
+        return run_planned(self.tpu_slice, self.plan, options)
+
+
+class SweepRun(BackgroundRun):
+    """A sweep on a reserved slice, going on in a background thread; its updates come to
+    observers as ``(trial, row)``.
+
+    Args:
+        tpu_slice: a reserved slice.
+        config: the base run.
+        release_slice: release the slice when the sweep ends.
+        seeds: the seeds, as for :func:`workbench.engine.sweep.sweep`.
+        grid: the grid, as for :func:`workbench.engine.sweep.sweep`.
+        **options: ``poll_s``, ``distributed_timeout_s``.
+
+    Raises:
+        ValueError: a sweep that cannot work (nothing is started).
+    """
+
+    def __init__(self, tpu_slice, config: TrainConfig | None = None, *,
+                 release_slice: bool = False, seeds: Any = 8, grid: Any = None,
+                 **options: Any) -> None:
+        from workbench.engine.sweep import plan_sweep
+
+        super().__init__(tpu_slice, release_slice=release_slice)
+        self.config = config or TrainConfig(mode="anakin")
+        self.plan = plan_sweep(tpu_slice, self.config, seeds, grid)
+        _check_options(options, {"poll_s", "distributed_timeout_s"})
+        self._options = options
+
+    def _work(self):
+        from workbench.engine.sweep import run_sweep
+
+        return run_sweep(self.tpu_slice, self.plan, on_update=self._on_row,
+                         should_stop=self._stop.is_set, **self._options)
+
+
+def _check_options(given: dict, allowed: set[str]) -> None:
+    for driven in ("on_update", "should_stop"):
+        if driven in given:
+            raise ValueError(f"{driven} is driven by the run handle: use "
+                             f"run.on_update(...) and run.stop() instead.")
+    unknown = sorted(set(given) - (allowed - {"on_update", "should_stop"}))
+    if unknown:
+        raise ValueError(f"got unknown options {', '.join(unknown)}; the handle takes "
+                         f"{', '.join(sorted(allowed - {'on_update', 'should_stop'}))}.")
 
 
 def _call(callback: Callable, *args) -> None:
-    # An observer's failure (a drawing problem) must not end a training run.
+    # An observer's failure (a drawing problem) must not end the work.
     try:
         callback(*args)
     except Exception:
-        log.warning("a training-run callback failed", exc_info=True)
+        log.warning("a run callback failed", exc_info=True)
 
 
 def start_run(tpu_slice, config: TrainConfig | None = None, **kwargs: Any) -> TrainingRun:

@@ -86,7 +86,32 @@ def summary_html(result: TrainResult, stopped: bool = False) -> str:
     )
 
 
-class TrainingDashboard(widgets.VBox):
+class StopControls:
+    """A dashboard's Stop button and status line: a click calls every ``on_stop`` callback
+    (each must return at once) and shows that the run is stopping."""
+
+    def _make_stop_controls(self) -> None:
+        self._stop_callbacks: list[Callable[[], None]] = []
+        self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="danger")
+        self.status = widgets.HTML()
+        self.stop_button.on_click(lambda _button: self._request_stop())
+
+    def on_stop(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` when Stop is clicked (it must return at once)."""
+        self._stop_callbacks.append(callback)
+
+    def _request_stop(self) -> None:
+        self.show_stopping()
+        for callback in self._stop_callbacks:
+            callback()
+
+    def show_stopping(self) -> None:
+        """Show that the run was asked to stop."""
+        self.stop_button.disabled = True
+        self.status.value = "Stopping after the current update..."
+
+
+class TrainingDashboard(StopControls, widgets.VBox):
     """Live view of one training run: return curves, throughput, progress, chip times, Stop.
 
     Feed it the engine's per-update rows with :meth:`update` (from any thread); the Stop
@@ -124,7 +149,6 @@ class TrainingDashboard(widgets.VBox):
         self.redraw_s = float(redraw_s)
         self.rows: list[dict] = []
         self._drawn_at = 0.0
-        self._stop_callbacks: list[Callable[[], None]] = []
         self.title = widgets.HTML(f"<b>{html.escape(title)}</b>")
         self.progress = widgets.FloatProgress(
             value=0.0, min=0.0, max=float(total_env_steps), description="env steps",
@@ -133,9 +157,7 @@ class TrainingDashboard(widgets.VBox):
         self.progress_text = widgets.Label(f"0 / {total_env_steps:,}")
         self.stats = widgets.HTML("Starting: placing actors, joining chips, compiling...")
         self.curves = widgets.Image(format="png")
-        self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="danger")
-        self.status = widgets.HTML()
-        self.stop_button.on_click(lambda _button: self._request_stop())
+        self._make_stop_controls()
         super().__init__([
             self.title,
             widgets.HBox([self.progress, self.progress_text, self.stop_button]),
@@ -143,20 +165,6 @@ class TrainingDashboard(widgets.VBox):
             self.curves,
             self.status,
         ])
-
-    def on_stop(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` when Stop is clicked (it must return at once)."""
-        self._stop_callbacks.append(callback)
-
-    def _request_stop(self) -> None:
-        self.show_stopping()
-        for callback in self._stop_callbacks:
-            callback()
-
-    def show_stopping(self) -> None:
-        """Show that the run was asked to stop."""
-        self.stop_button.disabled = True
-        self.status.value = "Stopping after the current update..."
 
     def update(self, row: dict) -> None:
         """Show one update's row (the engine's ``on_update`` argument).

@@ -1,0 +1,568 @@
+"""Sweeps on a reserved slice: many seeds and a grid of hyperparameters in one program.
+
+In Anakin mode every trial (a grid point with a seed) is a whole training run on one
+chip's worth of environments, and a chip steps its share of the trials together in one
+compiled program (:mod:`workbench.learn.trials`): 64 seeds cost one compile and run side
+by side. Trials whose configs differ in more than the program's values (a width, a count)
+run as programs of their own, one after another. In actors mode each trial is a full run on
+the slice, queued, each with its own seed.
+
+Every trial keeps its own curve and result, and the sweep record gives per-config
+statistics (mean, interquartile mean, 95% bootstrap intervals) of the final return and of
+the time to the target. Like a run, a sweep only watches: the chips push one record per
+update to a small board actor, which the driver polls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from workbench.engine.attempt import CPU_ONLY, remote
+from workbench.engine.cluster_state import head_node_affinity, kill_and_wait
+from workbench.engine.config import TrainConfig
+from workbench.engine.fields import ConfigError
+from workbench.engine.metrics import MetricsLog, UpdateRecord
+from workbench.engine.statistics import curve_band, summarize
+from workbench.engine.sweep_plan import (
+    GridPoint,
+    ProgramGroup,
+    Trial,
+    grid_points,
+    group_trials,
+    parse_seeds,
+    trials_of,
+)
+
+log = logging.getLogger(__name__)
+
+TrialCallback = Callable[[int, dict], None]
+
+
+@dataclass
+class SweepResult:
+    """What a sweep did: every trial's result, and statistics per grid point."""
+
+    generation: str
+    topology: str
+    chips: int
+    hosts: int
+    mode: str
+    algo: str
+    env: str
+    seeds: list[int]
+    grid: dict[str, list]
+    target_return: float | None
+    trials: list[dict]
+    """One record per trial: ``trial``, ``config``, ``seed``, ``overrides``,
+    ``final_return``, ``time_to_train_target_s``, ``env_steps_to_train_target``,
+    ``mean_return_100`` (at the end) and its ``curve``."""
+    configs: list[dict]
+    """One record per grid point: its ``overrides`` and the statistics of its trials'
+    ``final_return`` and ``time_to_train_target_s`` (``count``, ``missing``, ``mean``,
+    ``iqm``, ``mean_ci``, ``iqm_ci``), and how many reached the target."""
+    programs: int
+    """Compiled programs the sweep ran (one per group of trials that share one)."""
+    startup_s: float
+    wall_s: float
+    """Seconds of the trials' loops, summed over programs run one after another."""
+    env_steps: int
+    """Env steps over every trial."""
+    env_steps_per_s: float
+    run_dir: str | None = None
+    stopped: bool = False
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def plot(self, path: str | None = None, ax=None):
+        """One band per grid point: the IQM of the trials' rolling return, between their
+        25th and 75th percentiles, against env steps. Saved to ``path`` when given."""
+        if ax is None:
+            # A bare Figure, not pyplot's: no global backend switch, and a notebook still
+            # shows it when it is a cell's value.
+            from matplotlib.figure import Figure
+
+            figure = Figure(figsize=(7, 4))
+            ax = figure.subplots()
+        else:
+            figure = ax.figure
+        draw_bands(ax, self.trials, self.configs, self.target_return)
+        if path:
+            figure.savefig(path, dpi=100, bbox_inches="tight")
+        return figure
+
+
+def bands_of(trials: Sequence[dict], configs: Sequence[dict]) -> list[dict]:
+    """Per grid point: env steps and the IQM band of its trials' rolling mean return."""
+    out = []
+    for config in configs:
+        curves = [t["curve"] for t in trials if t["config"] == config["config"] and t["curve"]]
+        if not curves:
+            continue
+        length = min(len(c) for c in curves)
+        values = [[np.nan if r["mean_return_100"] is None else r["mean_return_100"]
+                   for r in c[:length]] for c in curves]
+        steps = [r["env_steps"] for r in curves[0][:length]]
+        out.append({"label": config["label"], "env_steps": steps, **curve_band(values)})
+    return out
+
+
+def draw_bands(ax, trials: Sequence[dict], configs: Sequence[dict],
+               target: float | None) -> None:
+    ax.clear()
+    for band in bands_of(trials, configs):
+        line, = ax.plot(band["env_steps"], band["iqm"], label=band["label"])
+        ax.fill_between(band["env_steps"], band["low"], band["high"], alpha=0.25,
+                        color=line.get_color())
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label="target")
+    ax.set_xlabel("env steps (per trial)")
+    ax.set_ylabel("mean return, last 100 episodes")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="lower right", fontsize=8)
+
+
+# ---- the board and the per-chip actor ----------------------------------------------------
+
+class SweepBoard:
+    """Where every chip's per-update trial records go; the driver reads them in order."""
+
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+        self._lock = threading.Lock()
+
+    def record(self, records: list[dict]) -> None:
+        with self._lock:
+            self.records.extend(records)
+
+    def since(self, index: int) -> list[dict]:
+        with self._lock:
+            return self.records[index:]
+
+
+class TrialsActor:
+    """One chip's share of a sweep's trials (a Ray actor pinned to the chip's bundle)."""
+
+    def __init__(self, rank: int, num_chips: int) -> None:
+        from workbench.engine.actors import ChipLearnerActor
+
+        self.chip = ChipLearnerActor(rank, num_chips)
+        self.rank = rank
+        self._stop = False
+
+    def coordinator_address(self) -> str:
+        return self.chip.coordinator_address()
+
+    def join(self, coordinator: str, timeout_s: float) -> float:
+        return self.chip.join(coordinator, timeout_s)
+
+    def setup(self, setup) -> float:
+        """Build and compile this chip's share; returns the compile seconds."""
+        from workbench.learn.trials import TrialsLearner
+
+        self.learner = TrialsLearner(setup)
+        return self.learner.compile()
+
+    def request_stop(self) -> None:
+        self._stop = True
+
+    def run(self, board, num_updates: int, steps_per_update: int) -> dict:
+        """Every update of this chip's trials, each pushed to ``board``; then a greedy
+        evaluation of each trial. Returns the final returns by trial index."""
+        learner = self.learner
+        loop_start = time.time()
+        for update in range(num_updates):
+            if self._stop:
+                break
+            metrics, returns, step_s = learner.step()
+            now = time.time()
+            board.record.remote([
+                {"trial": trial, "update": update + 1, "time": now,
+                 "env_steps": (update + 1) * steps_per_update, "steps": steps_per_update,
+                 "returns": returns[trial], "metrics": metrics[trial], "step_s": step_s}
+                for trial in learner.local_trials
+            ])
+        return {"final": learner.final_returns(), "loop_start": loop_start,
+                "updates": learner.updates}
+
+
+# ---- the sweep ---------------------------------------------------------------------------
+
+@dataclass
+class _Curves:
+    """The driver's per-trial logs."""
+
+    target: float | None
+    logs: dict[int, MetricsLog] = field(default_factory=dict)
+    loop_start: dict[int, float] = field(default_factory=dict)
+
+    def add(self, record: dict) -> list[dict]:
+        """Take one update's record of one trial; returns the rows it completed."""
+        trial = record["trial"]
+        log_ = self.logs.setdefault(trial, MetricsLog(1, self.target))
+        self.loop_start.setdefault(trial, record["time"] - record["step_s"])
+        closed = len(log_.rows)
+        log_.add(UpdateRecord(record["update"], 0, record["time"], record["env_steps"],
+                              record["steps"], record["returns"], record["step_s"],
+                              record["metrics"]))
+        return log_.rows[closed:]
+
+
+def sweep(tpu_slice, config: TrainConfig | None = None, *,
+          seeds: str | int | Sequence[int] = 8,
+          grid: Mapping[str, Sequence[Any]] | None = None,
+          on_update: TrialCallback | None = None,
+          should_stop: Callable[[], bool] | None = None,
+          distributed_timeout_s: float = 120.0, poll_s: float = 0.5) -> SweepResult:
+    """Train every seed of every grid point on the slice, and report per-config statistics.
+
+    Blocks until the sweep ends; :class:`workbench.engine.run.SweepRun` runs one in the
+    background (the sweep dashboard watches one).
+
+    Args:
+        tpu_slice: a reserved slice.
+        config: the base run; ``mode="anakin"`` vmaps trials on the chips, ``"actors"``
+            queues them as runs.
+        seeds: ``"0-63"``, ``"0,1,2"``, a count (``8``: seeds 0..7) or a list.
+        grid: ``{"ppo.learning_rate": [1e-3, 5e-4], "gamma": [0.99]}``: fields of the
+            algorithm's config (optionally prefixed with its name) or of ``TrainConfig``.
+        on_update: called on the driver with ``(trial, row)`` for each trial's update.
+        should_stop: polled; True ends the sweep after the current update.
+        distributed_timeout_s: deadline for the chips to form one jax.distributed group.
+        poll_s: how often the driver reads the board.
+
+    ``config.track`` tracks every trial as a run of its own (in ``trial-NNNN/`` of the
+    sweep's folder for TensorBoard).
+
+    Returns:
+        The :class:`SweepResult` (also written to ``<run_dir>/sweep.json``).
+
+    Raises:
+        ValueError: a grid over a field that does not exist, a value of the wrong type, or
+            more trials than the chips' memory holds (nothing is started).
+    """
+    plan = plan_sweep(tpu_slice, config or TrainConfig(mode="anakin"), seeds, grid)
+    return run_sweep(tpu_slice, plan, on_update=on_update, should_stop=should_stop,
+                     distributed_timeout_s=distributed_timeout_s, poll_s=poll_s)
+
+
+def run_sweep(tpu_slice, plan: SweepPlan, *, on_update: TrialCallback | None = None,
+              should_stop: Callable[[], bool] | None = None,
+              distributed_timeout_s: float = 120.0, poll_s: float = 0.5) -> SweepResult:
+    """:func:`sweep` for a sweep already planned (:func:`plan_sweep`)."""
+    from workbench.engine.stops import registered
+
+    stop = threading.Event()
+
+    def wants_stop() -> bool:
+        return stop.is_set() or (should_stop is not None and bool(should_stop()))
+
+    # SIGTERM and interpreter exit stop a sweep after its current update, as they do a run.
+    with registered(stop):
+        return _SweepRun(tpu_slice, plan, on_update, wants_stop, distributed_timeout_s,
+                         poll_s).run()
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    config: TrainConfig
+    seeds: tuple[int, ...]
+    grid: dict[str, list]
+    points: list[GridPoint]
+    trials: list[Trial]
+    groups: list[ProgramGroup]
+    target_return: float | None
+    run_dir: str
+
+
+def plan_sweep(tpu_slice, config: TrainConfig, seeds, grid) -> SweepPlan:
+    """Validate a sweep and lay out its trials (see :func:`sweep` for the arguments).
+
+    Raises:
+        ValueError: what cannot work, naming the field, value or limit.
+    """
+    from workbench.engine.plan import plan_run, runs_root
+    from workbench.learn.trials import bytes_per_trial
+
+    config.validate()
+    if config.resume:
+        raise ConfigError("resume", "is not supported by sweeps: start the sweep afresh.")
+    seed_list = parse_seeds(seeds)
+    grid = {k: list(v) for k, v in (grid or {}).items()} if grid else {}
+    points = grid_points(config, grid)
+    for point in points:
+        plan_run(point.config.replace(run_dir=None))  # env, algorithm and spaces checked
+    trials = trials_of(points, seed_list)
+    groups = group_trials(trials, list(grid)) if config.mode == "anakin" else []
+    groups = [split for g in groups for split in _split_untraceable(g)]
+    for group in groups:
+        check_memory(tpu_slice.shape, len(group.trials), bytes_per_trial(_trials_setup(group)))
+    target = plan_run(config.replace(run_dir=None)).target_return
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    run_dir = config.run_dir or str(runs_root() / f"{stamp}-sweep-{config.algo}")
+    return SweepPlan(config, seed_list, grid, points, trials, groups, target, run_dir)
+
+
+def _trials_setup(group: ProgramGroup):
+    from workbench.engine.plan import plan_run
+    from workbench.learn.learner import AgentSpec
+    from workbench.learn.trials import TrialsSetup
+
+    config = group.trials[0].point.config
+    run = plan_run(config.replace(run_dir=None))
+    agent = AgentSpec(run.algorithm, run.hyperparameters, run.spaces, config.num_updates(1))
+    values = tuple(tuple(float(getattr(t.point.config.hyperparameters(), f))
+                         for f in group.traced_fields) for t in group.trials)
+    return TrialsSetup(agent, run.jax_env.make, config.envs_per_chip, config.rollout_length,
+                       group.traced_fields, values, tuple(t.seed for t in group.trials),
+                       config.eval_episodes)
+
+
+def _split_untraceable(group: ProgramGroup) -> list[ProgramGroup]:
+    """A group whose fields the algorithm cannot take as values (it reads one in Python)
+    splits into one program per grid point."""
+    from workbench.learn.trials import traceable
+
+    if not group.traced_fields or traceable(_trials_setup(group)):
+        return [group]
+    log.info("%s reads %s in Python: one program per grid point",
+             group.trials[0].point.config.algo, ", ".join(group.traced_fields))
+    by_point: dict[int, list[Trial]] = {}
+    for trial in group.trials:
+        by_point.setdefault(trial.point.index, []).append(trial)
+    return [ProgramGroup(tuple(trials), ()) for trials in by_point.values()]
+
+
+def check_memory(shape, trials: int, trial_bytes: int) -> None:
+    """Refuse more trials than a chip's memory holds: ``trials`` split over the chips of a
+    slice of ``shape``, ``trial_bytes`` each.
+
+    Raises:
+        ConfigError: naming the chips, the memory a chip would need, and the most trials
+            that fit.
+    """
+    generation = shape.generation
+    per_chip = -(-trials // shape.chips)
+    limit = generation.hbm_gib_per_chip * 2**30
+    if trial_bytes * per_chip > limit:
+        raise ConfigError(
+            "seeds",
+            f"and the grid put {per_chip} trials on each of the {shape.chips} chips of a "
+            f"{shape.label}, about {trial_bytes * per_chip / 2**30:.1f} GiB each, over the "
+            f"{generation.hbm_gib_per_chip:g} GiB of a {generation.name} chip: sweep at most "
+            f"{max(1, int(limit // trial_bytes)) * shape.chips} trials at a time, or fewer "
+            "envs per chip.",
+        )
+
+
+class _SweepRun:
+    def __init__(self, tpu_slice, plan: SweepPlan, on_update, should_stop,
+                 distributed_timeout_s: float, poll_s: float) -> None:
+        self.slice, self.plan = tpu_slice, plan
+        self.on_update, self.should_stop = on_update, should_stop
+        self.distributed_timeout_s, self.poll_s = distributed_timeout_s, poll_s
+        self.curves = _Curves(plan.target_return)
+        self.finals: dict[int, float] = {}
+        self.started = time.monotonic()
+        self.startup_s = 0.0
+        self.wall_s = 0.0
+        self.stopped = False
+        self.trackers: dict[int, Any] = {}
+
+    def run(self) -> SweepResult:
+        from workbench.engine.checkpoint import make_private_dir
+
+        make_private_dir(self.plan.run_dir)
+        try:
+            if self.plan.config.mode == "anakin":
+                for group in self.plan.groups:
+                    if self.stopped:
+                        break
+                    self._run_program(group)
+            else:
+                for trial in self.plan.trials:
+                    if self.stopped:
+                        break
+                    self._run_queued(trial)
+        finally:
+            for tracker in self.trackers.values():
+                tracker.close()
+        return self._result()
+
+    # ---- trackers --------------------------------------------------------------------
+
+    def _tracker(self, trial: Trial):
+        config = trial.point.config
+        # Queued runs (actors mode) track themselves, as any run does.
+        if config.track is None or config.mode != "anakin":
+            return None
+        if trial.index not in self.trackers:
+            from workbench.engine.tracking import make_tracker
+
+            folder = f"{self.plan.run_dir}/trial-{trial.index:04d}"
+            tracker = make_tracker(config.track, folder, f"trial-{trial.index:04d}",
+                                   config.tracking_uri)
+            tracker.log_config({**dataclasses.asdict(trial.point.config.replace(
+                algo_config=None, seed=trial.seed)), "algo_config":
+                trial.point.config.hyperparameters()})
+            self.trackers[trial.index] = tracker
+        return self.trackers[trial.index]
+
+    def _row(self, trial: Trial, row: dict) -> None:
+        tracker = self._tracker(trial)
+        if tracker is not None:
+            tracker.log_row(row)
+        if self.on_update is not None:
+            try:
+                self.on_update(trial.index, row)
+            except Exception:
+                log.warning("a sweep callback failed", exc_info=True)
+
+    def _wants_stop(self) -> bool:
+        return self.should_stop is not None and bool(self.should_stop())
+
+    # ---- Anakin: one program per group ----------------------------------------------------
+
+    def _run_program(self, group: ProgramGroup) -> None:
+        import ray
+
+        setup = _trials_setup(group)
+        config = group.trials[0].point.config
+        tpu_slice = self.slice
+        Chip = remote(TrialsActor, num_cpus=1, resources={"TPU": 1}, max_concurrency=2)
+        actors = [Chip.options(scheduling_strategy=tpu_slice.scheduling(chip.rank),
+                               name=f"{tpu_slice.name}:sweep-{chip.rank}").remote(
+                      chip.rank, tpu_slice.num_chips) for chip in tpu_slice.chips]
+        # One thread: each chip's records are taken in the order it sent them.
+        board = remote(SweepBoard, num_cpus=0, runtime_env=CPU_ONLY).options(
+            scheduling_strategy=head_node_affinity()).remote()
+        try:
+            coordinator = ray.get(actors[0].coordinator_address.remote(), timeout=120)
+            joins = [a.join.remote(coordinator, self.distributed_timeout_s) for a in actors]
+            ray.get(joins, timeout=self.distributed_timeout_s + 60)
+            ray.get([a.setup.remote(setup) for a in actors], timeout=900)
+            if not self.startup_s:
+                self.startup_s = time.monotonic() - self.started
+            steps = config.envs_per_chip * config.rollout_length
+            loop_start = time.monotonic()
+            runs = [a.run.remote(board, config.num_updates(1), steps) for a in actors]
+            self._watch(group, board, runs, actors)
+            outcomes = ray.get(runs)
+            self.wall_s += time.monotonic() - loop_start
+            self._drain(group, board)
+            for outcome in outcomes:
+                self.finals.update({group.trials[i].index: v
+                                    for i, v in outcome["final"].items()})
+        finally:
+            kill_and_wait(actors + [board])
+
+    def _watch(self, group: ProgramGroup, board, runs: list, actors: list) -> None:
+        import ray
+
+        self._seen = 0
+        stop_sent = False
+        while True:
+            done, _ = ray.wait(runs, num_returns=len(runs), timeout=self.poll_s)
+            self._drain(group, board)
+            if not stop_sent and self._wants_stop():
+                self.stopped = stop_sent = True
+                ray.get([a.request_stop.remote() for a in actors], timeout=30)
+            if len(done) == len(runs):
+                return
+
+    def _drain(self, group: ProgramGroup, board) -> None:
+        import ray
+
+        for record in ray.get(board.since.remote(self._seen), timeout=60):
+            self._seen += 1
+            trial = group.trials[record["trial"]]
+            for row in self.curves.add({**record, "trial": trial.index}):
+                self._row(trial, row)
+
+    # ---- actors mode: queued runs --------------------------------------------------------
+
+    def _run_queued(self, trial: Trial) -> None:
+        from workbench.engine.driver import train
+
+        config = trial.point.config.replace(
+            seed=trial.seed, run_dir=f"{self.plan.run_dir}/trial-{trial.index:04d}")
+
+        def on_row(row: dict) -> None:
+            self._row(trial, row)
+
+        result = train(self.slice, config, on_update=on_row, should_stop=self._wants_stop)
+        if not self.startup_s:
+            self.startup_s = result.startup_s
+        self.wall_s += result.wall_s
+        log_ = MetricsLog(1, self.plan.target_return)
+        log_.rows = list(result.curve)
+        self.curves.logs[trial.index] = log_
+        self.curves.loop_start[trial.index] = result.curve[0]["time"] - \
+            result.curve[0]["chip_step_s"][0] if result.curve else time.time()
+        self.finals[trial.index] = result.final_return
+        if self._wants_stop():
+            self.stopped = True
+
+    # ---- the record ----------------------------------------------------------------------
+
+    def _result(self) -> SweepResult:
+        from workbench.engine.run_dir import write_json
+
+        plan, tpu_slice = self.plan, self.slice
+        trials = []
+        for trial in plan.trials:
+            log_ = self.curves.logs.get(trial.index)
+            rows = log_.rows if log_ else []
+            target = log_.train_target if log_ else None
+            start = self.curves.loop_start.get(trial.index)
+            trials.append({
+                "trial": trial.index,
+                "config": trial.point.index,
+                "seed": trial.seed,
+                "overrides": dict(trial.point.overrides),
+                "final_return": self.finals.get(trial.index),
+                "time_to_train_target_s": (round(target["time"] - start, 3)
+                                           if target and start is not None else None),
+                "env_steps_to_train_target": target["env_steps"] if target else None,
+                "mean_return_100": rows[-1]["mean_return_100"] if rows else None,
+                "updates": len(rows),
+                "curve": rows,
+            })
+            tracker = self.trackers.get(trial.index)
+            if tracker is not None:
+                tracker.log_result({k: v for k, v in trials[-1].items() if k != "curve"})
+        configs = []
+        for point in plan.points:
+            mine = [t for t in trials if t["config"] == point.index]
+            configs.append({
+                "config": point.index,
+                "label": point.label(),
+                "overrides": dict(point.overrides),
+                "trials": len(mine),
+                "reached_target": sum(t["time_to_train_target_s"] is not None for t in mine),
+                "final_return": summarize([t["final_return"] for t in mine]),
+                "time_to_train_target_s": summarize([t["time_to_train_target_s"]
+                                                     for t in mine]),
+            })
+        env_steps = sum(t["curve"][-1]["env_steps"] for t in trials if t["curve"])
+        result = SweepResult(
+            generation=tpu_slice.shape.generation.name, topology=tpu_slice.shape.topology,
+            chips=tpu_slice.num_chips, hosts=tpu_slice.num_hosts, mode=plan.config.mode,
+            algo=plan.config.algo, env=plan.config.env, seeds=list(plan.seeds),
+            grid=plan.grid, target_return=plan.target_return, trials=trials,
+            configs=configs, programs=len(plan.groups) or len(plan.trials),
+            startup_s=round(self.startup_s, 3), wall_s=round(self.wall_s, 3),
+            env_steps=env_steps,
+            env_steps_per_s=round(env_steps / self.wall_s, 1) if self.wall_s else 0.0,
+            run_dir=plan.run_dir, stopped=self.stopped,
+        )
+        write_json(f"{plan.run_dir}/sweep.json", result.to_json())
+        return result
