@@ -80,6 +80,11 @@ class TrainConfig:
     progress_timeout_s: float = 180.0
     """Seconds without a finished update after which the attempt counts as hung (a learner
     that stopped answering) and the run restarts from its last checkpoint."""
+    track: Literal["tensorboard", "mlflow"] | None = None
+    """Where the run's curve, evaluations and config also go: ``tensorboard`` (event files
+    in the run's folder) or ``mlflow`` (a run in an MLflow tracking store)."""
+    tracking_uri: str | None = None
+    """MLflow's tracking URI for ``track="mlflow"``; None: a local store beside the runs."""
 
     @property
     def steps_per_update(self) -> int:
@@ -136,6 +141,9 @@ class TrainConfig:
                                       f"{self.sync!r}.")
         if self.target_return is not None:
             check_finite("target_return", self.target_return)
+        from workbench.engine.tracking import check_backend
+
+        check_backend(self.track)
         if not isinstance(self.env_kwargs, dict) or not all(isinstance(k, str)
                                                             for k in self.env_kwargs):
             raise ConfigError("env_kwargs", f"must be a mapping of argument names to values, "

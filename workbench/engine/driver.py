@@ -73,13 +73,21 @@ class _Run:
         self.evals: list[dict] = []
         self.helpers_replaced = 0
         self.board = self.evaluator = None
+        self.tracker = None
 
     # ---- step 1: the run's folder and the run-wide helpers, off the slice -------------
 
     def prepare_run_dir(self) -> None:
         from workbench.engine.run_dir import write_run_record
+        from workbench.engine.tracking import make_tracker
 
         write_run_record(self.plan, self.identity)
+        config = self.plan.config
+        self.tracker = make_tracker(config.track, self.plan.run_dir,
+                                    self.identity["run_id"], config.tracking_uri)
+        if self.tracker is not None:
+            self.tracker.log_config({**dataclasses.asdict(config.replace(algo_config=None)),
+                                     "algo_config": self.plan.hyperparameters})
 
     def start_helpers(self) -> None:
         self.evaluator = self._start_evaluator()
@@ -158,8 +166,13 @@ class _Run:
                 self.last_env_steps = row["env_steps"]
                 self.history.append((row, returns))
                 progress_at = time.monotonic()
+                if self.tracker is not None:
+                    self.tracker.log_row(row)
                 if options.on_update is not None:
                     options.on_update(row)
+            if self.tracker is not None:
+                for evaluation in snapshot["evals"][len(self.evals):]:
+                    self.tracker.log_eval(evaluation)
             self.evals = snapshot["evals"]
             wants_stop = (
                 self.stop_event.is_set()
@@ -204,7 +217,7 @@ class _Run:
                                      returns, self.evals)
         self.helpers_replaced += 1
         self.board = self._start_board(log_copy)
-        self.attempt.set_board(self.board)
+        self.attempt.set_board(self.board, self.seen)
 
     def _replace_evaluator(self) -> None:
         import ray
@@ -293,9 +306,15 @@ class _Run:
         from workbench.engine.run_dir import write_result
 
         write_result(self.plan, result)
+        if self.tracker is not None:
+            for evaluation in summary["evals"][len(self.evals):]:
+                self.tracker.log_eval(evaluation)
+            self.tracker.log_result({k: v for k, v in result.to_json().items() if k != "curve"})
         return result
 
     def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
         if self.attempt is not None:
             self.attempt.kill()
         kill_and_wait([h for h in (self.evaluator, self.board) if h is not None])

@@ -18,6 +18,12 @@ def _write(path: Path, record: dict) -> None:
     os.replace(partial, path)
 
 
+def write_json(path: str, record: dict) -> None:
+    """A JSON record written whole or not at all (a local path)."""
+    if not is_remote(path):
+        _write(Path(path), record)
+
+
 def write_run_record(plan, identity: dict) -> None:
     """Create the run's folder and record what the run is (kept when a run resumes)."""
     if is_remote(plan.run_dir):
