@@ -6,6 +6,8 @@ The few names a notebook needs::
     cluster = wb.local_cluster([("v6e", "2x2")])      # or wb.connect("ray://head:10001")
     with wb.reserve("v6e", "2x2", cpus_per_chip=2) as tpu_slice:
         result = wb.train(tpu_slice, wb.TrainConfig(env="CartPole-v1"))
+        sweep = wb.sweep(tpu_slice, wb.TrainConfig(mode="anakin", env="workbench/CartPole-v1"),
+                         seeds="0-63", grid={"ppo.learning_rate": [1e-3, 5e-4]})
 
 The layers are packages: :mod:`workbench.tpu` (where chips come from),
 :mod:`workbench.engine` (a run on a slice), :mod:`workbench.learn` (what a chip runs),
@@ -38,11 +40,16 @@ __version__ = version()
 
 from workbench.engine import (
     LoadedPolicy,
+    SweepResult,
+    SweepRun,
     TrainConfig,
     TrainingRun,
     TrainResult,
+    evaluate_run,
     load,
+    serve_policy,
     start_run,
+    sweep,
     train,
 )
 
@@ -50,6 +57,8 @@ __all__ = [
     "CatalogError",
     "ClusterError",
     "LoadedPolicy",
+    "SweepResult",
+    "SweepRun",
     "LocalCluster",
     "Slice",
     "SliceShape",
@@ -62,13 +71,16 @@ __all__ = [
     "connect",
     "disconnect",
     "envs",
+    "evaluate_run",
     "join_or_start",
     "list_slices",
     "load",
     "local_cluster",
     "parse_shape",
     "reserve",
+    "serve_policy",
     "start_run",
+    "sweep",
     "topologies",
     "train",
 ]

@@ -293,15 +293,15 @@ def _check_before_start(args: argparse.Namespace, config, shape: SliceShape):
     return plan
 
 
-def _check_writable(path: str) -> None:
+def _check_writable(path: str, flag: str = "--json") -> None:
     target = Path(path)
     folder = target.parent if str(target.parent) else Path(".")
     if target.is_dir():
-        raise ValueError(f"--json {path}: is a directory; give a file name.")
+        raise ValueError(f"{flag} {path}: is a directory; give a file name.")
     if not folder.is_dir():
-        raise ValueError(f"--json {path}: the folder {str(folder)!r} does not exist.")
+        raise ValueError(f"{flag} {path}: the folder {str(folder)!r} does not exist.")
     if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise ValueError(f"--json {path}: not writable here; give a path you can write.")
+        raise ValueError(f"{flag} {path}: not writable here; give a path you can write.")
 
 
 def _run_training(args: argparse.Namespace, config, shape: SliceShape) -> tuple[dict, str]:
@@ -381,11 +381,120 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from tqdm import tqdm
+
+    from workbench import algos
+    from workbench.engine.run import SweepRun
+    from workbench.engine.sweep_plan import parse_grid_text
+    from workbench.tpu.cluster import join_or_start
+    from workbench.tpu.slice import reserve
+
+    algorithm = algos.get(args.algo_name)
+    config, shape = train_config_from(args, algorithm)
+    grid = parse_grid_text(args.grid or [], config)
+    _check_before_start(args, config, shape)
+    with contextlib.ExitStack() as stack:
+        if not _cluster_address(args):
+            print(f"Starting a simulated cluster with one {shape.label} slice...",
+                  file=sys.stderr)
+        session = stack.enter_context(join_or_start(getattr(args, "address", None), [shape]))
+        tpu_slice = stack.enter_context(
+            reserve(shape, timeout_s=args.reserve_timeout, cpus_per_chip=2))
+        run = SweepRun(tpu_slice, config, seeds=args.seeds, grid=grid)
+        trials = len(run.plan.trials)
+        updates = config.num_updates(1 if config.mode == "anakin" else shape.chips)
+        bar = stack.enter_context(tqdm(total=trials * updates, unit="update", file=sys.stderr))
+        run.on_update(lambda trial, row: bar.update(1))
+        print(f"{trials} trials of {config.algo} on {config.env} "
+              f"({len(run.plan.points)} configs x {len(run.plan.seeds)} seeds) "
+              f"{'over a simulated slice' if session.simulated else 'on ' + session.where}; "
+              f"folder {run.plan.run_dir}", file=sys.stderr)
+        result = run.start().wait(interrupt_grace_s=30.0)
+    record = result.to_json()
+    print(json.dumps({"run_dir": record["run_dir"], "programs": record["programs"],
+                      "startup_s": record["startup_s"], "wall_s": record["wall_s"],
+                      "env_steps_per_s": record["env_steps_per_s"],
+                      "configs": [{k: c[k] for k in ("label", "trials", "reached_target",
+                                                     "final_return")}
+                                  for c in record["configs"]]}, indent=1))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(record, out, indent=1)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from workbench.engine.playback import evaluate_run
+
+    if args.gif:
+        _check_writable(args.gif, "--gif")
+    if args.json:
+        _check_writable(args.json)
+    record = evaluate_run(args.run_dir, episodes=args.episodes, seed=args.seed, gif=args.gif)
+    print(f"{record['env']}: {record['episodes']} greedy episodes of {record['algo']} "
+          f"(update {record['update']}, {record['env_steps']} env steps): mean return "
+          f"{record['mean_return']:.2f}" + (f"; GIF in {record['gif']}" if record["gif"]
+                                            else ""))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(record, out, indent=1)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from workbench.engine.loading import load
+    from workbench.engine.serving import check_serve_installed, serve_policy
+    from workbench.tpu.cluster import join_or_start
+
+    check_serve_installed()
+    load(args.run_dir)  # nothing usable there: refused before a cluster starts
+    done = threading.Event()
+    with join_or_start(getattr(args, "address", None), []) as session:
+        server = serve_policy(args.run_dir, host=args.host, port=args.port,
+                              replicas=args.replicas, max_batch_size=args.max_batch_size)
+        try:
+            # Installed only now: ray.init puts its own SIGTERM handler in place.
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, lambda *_: done.set())
+            print(f"Serving {server.env}'s policy at {server.url} ({server.replicas} "
+                  f"replica(s) on {session.where}); POST {{\"observation\": [...]}}. "
+                  "Ctrl-C stops it.", file=sys.stderr, flush=True)
+            done.wait()
+        finally:
+            server.shutdown()
+    print("workbench: the policy server stopped.", file=sys.stderr)
+    return 0
+
+
+def _sweep_and_train_options(parser: argparse.ArgumentParser, algorithm) -> None:
+    """The options ``train`` and ``sweep`` share: the slice, the cluster, the run's config
+    (a file and a flag per field) and the algorithm's fields."""
+    from workbench import algos
+    from workbench.engine import TrainConfig
+
+    parser.add_argument("--generation", help="TPU generation (default: v6e)")
+    parser.add_argument("--topology", help="slice topology (default: 2x2)")
+    parser.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else simulated)")
+    parser.add_argument("--config", help="a YAML or JSON file of the run's fields")
+    parser.add_argument("--json", help="write the result record here")
+    parser.add_argument("--reserve-timeout", type=_seconds, default=60.0)
+    add_config_flags(parser, TrainConfig, "train.", skip=NOT_FLAGS + ("algo",))
+    parser.add_argument("--algo", dest="algo_name", default=algorithm.name,
+                        help=f"the algorithm: one of {', '.join(algos.names())} "
+                             "(default: ppo)")
+    add_config_flags(parser, algorithm.config_type, "algo.",
+                     title=f"{algorithm.name} ({algorithm.summary or 'hyperparameters'})")
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The whole command line; ``argv`` picks which algorithm's flags ``train`` offers."""
     import workbench
-    from workbench import algos
-    from workbench.engine import TrainConfig
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _Parser(
@@ -422,18 +531,42 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                     "the chosen algorithm's config is a flag; --config takes a YAML or JSON "
                     "file of the same fields, which flags override.",
     )
-    run.add_argument("--generation", help="TPU generation (default: v6e)")
-    run.add_argument("--topology", help="slice topology (default: 2x2)")
-    run.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else simulated)")
-    run.add_argument("--config", help="a YAML or JSON file of the run's fields")
-    run.add_argument("--json", help="write the result record here")
-    run.add_argument("--reserve-timeout", type=_seconds, default=60.0)
-    add_config_flags(run, TrainConfig, "train.", skip=NOT_FLAGS + ("algo",))
-    run.add_argument("--algo", dest="algo_name", default=algorithm.name,
-                     help=f"the algorithm: one of {', '.join(algos.names())} (default: ppo)")
-    add_config_flags(run, algorithm.config_type, "algo.",
-                     title=f"{algorithm.name} ({algorithm.summary or 'hyperparameters'})")
+    _sweep_and_train_options(run, algorithm)
     run.set_defaults(func=cmd_train)
+
+    sweep = sub.add_parser(
+        "sweep", help="many seeds and a grid of hyperparameters in one program",
+        description="Train every seed of every grid point on one reserved slice. In "
+                    "--mode anakin the trials run side by side in one compiled program per "
+                    "chip; in actors mode they are queued. The run's flags are train's.",
+    )
+    sweep.add_argument("--seeds", default="0-7",
+                       help="seeds: a range 0-63, a list 0,1,2, or both (default: 0-7)")
+    sweep.add_argument("--grid", action="append", metavar="FIELD=V1,V2",
+                       help="a field of the algorithm (ppo.learning_rate) or of the run, and "
+                            "its values; repeat for more axes")
+    _sweep_and_train_options(sweep, algorithm)
+    sweep.set_defaults(func=cmd_sweep)
+
+    evaluate = sub.add_parser("eval", help="greedy episodes of a trained run's policy")
+    evaluate.add_argument("run_dir", help="the run's folder (or its checkpoints)")
+    evaluate.add_argument("--episodes", type=_whole(1), default=100)
+    evaluate.add_argument("--seed", type=_whole(0), default=0)
+    evaluate.add_argument("--gif", help="draw one episode into this GIF")
+    evaluate.add_argument("--json", help="write the returns here")
+    evaluate.set_defaults(func=cmd_eval)
+
+    serve = sub.add_parser("serve", help="an HTTP endpoint for a trained run's policy "
+                                         "(Ray Serve)")
+    serve.add_argument("run_dir", help="the run's folder (or its checkpoints)")
+    serve.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else local)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="where HTTP listens (default: loopback only)")
+    serve.add_argument("--port", type=_whole(1), default=8000)
+    serve.add_argument("--replicas", type=_whole(1), default=1)
+    serve.add_argument("--max-batch-size", type=_whole(1), default=64,
+                       help="single-observation requests joined into one forward pass")
+    serve.set_defaults(func=cmd_serve)
 
     from workbench.tpu import gke
 

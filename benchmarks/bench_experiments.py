@@ -1,0 +1,168 @@
+"""Experiments on a simulated v6e 2x2: a sweep of many seeds in one program against one
+seed and against seeds run one after another; tracking on against off; a served policy
+against a plain in-process forward of the same policy.
+
+Prints one JSON object. Every peer runs in the same invocation on the same cluster.
+
+    .venv/bin/python benchmarks/bench_experiments.py --seeds 64 --sequential 3 --repeats 3
+
+``--sequential N`` runs N seeds as separate ``workbench train`` commands against the
+benchmark's running cluster (what a user does today without sweeps); with N below
+``--seeds`` the time for all seeds is that median run times the seed count, and the
+record says it is an estimate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+import workbench as wb
+from workbench.engine import TrainConfig, train
+from workbench.engine.serving import serve_policy
+from workbench.engine.sweep import sweep
+
+WORKBENCH = str(Path(sys.executable).with_name("workbench"))
+
+
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 3)
+
+
+def _cartpole(total_env_steps: int, **fields) -> TrainConfig:
+    return TrainConfig(env="workbench/CartPole-v1", mode="anakin",
+                       total_env_steps=total_env_steps, eval_every=0, **fields)
+
+
+def measure_sweeps(tpu_slice, address: str, seeds: int, total_env_steps: int,
+                   sequential: int) -> dict:
+    timings = {}
+    results = {}
+    for count in (1, seeds):
+        started = time.monotonic()
+        results[count] = sweep(tpu_slice, _cartpole(total_env_steps), seeds=count)
+        timings[count] = time.monotonic() - started
+    # The peer: separate CLI runs, one seed each, on the same (already running) cluster.
+    tpu_slice.release()
+    one_by_one = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for seed in range(sequential):
+            started = time.monotonic()
+            subprocess.run([WORKBENCH, "train", "--address", address, "--mode", "anakin",
+                            "--env", "workbench/CartPole-v1", "--total-env-steps",
+                            str(total_env_steps), "--eval-every", "0", "--seed", str(seed),
+                            "--json", f"{scratch}/{seed}.json"], check=True,
+                           capture_output=True)
+            one_by_one.append(time.monotonic() - started)
+    many = results[seeds]
+    sequential_total = (sum(one_by_one) if sequential >= seeds
+                        else statistics.median(one_by_one) * seeds)
+    return {
+        "env_steps_per_trial": total_env_steps,
+        "one_seed_s": round(timings[1], 2),
+        f"{seeds}_seeds_s": round(timings[seeds], 2),
+        f"{seeds}_seeds_vs_one_ratio": round(timings[seeds] / timings[1], 2),
+        f"{seeds}_seeds_reached_target": sum(t["time_to_train_target_s"] is not None
+                                             for t in many.trials),
+        "final_return_iqm": many.configs[0]["final_return"]["iqm"],
+        "sequential_runs_measured": sequential,
+        "sequential_run_median_s": _median(one_by_one),
+        f"sequential_{seeds}_seeds_s": round(sequential_total, 1),
+        "sequential_is_estimate": sequential < seeds,
+        "sweep_speedup_vs_sequential": round(sequential_total / timings[seeds], 1),
+    }
+
+
+def measure_tracking(tpu_slice, total_env_steps: int, repeats: int, runs: Path) -> dict:
+    rates: dict[str, list[float]] = {"off": [], "tensorboard": [], "mlflow": []}
+    for repeat in range(repeats):
+        for backend in rates:
+            config = _cartpole(total_env_steps, seed=repeat,
+                               track=None if backend == "off" else backend,
+                               run_dir=str(runs / f"{backend}-{repeat}"))
+            rates[backend].append(train(tpu_slice, config).env_steps_per_s)
+    off = statistics.median(rates["off"])
+    return {
+        "env_steps_per_trial": total_env_steps,
+        **{f"{name}_env_steps_per_s_median": _median(values) for name, values in rates.items()},
+        **{f"{name}_vs_off_ratio": round(statistics.median(rates[name]) / off, 3)
+           for name in ("tensorboard", "mlflow")},
+    }
+
+
+def _post(url: str, payload: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def measure_serving(run_dir: str, requests: int) -> dict:
+    policy = wb.load(run_dir)
+    act = policy.greedy_policy()
+    rng = np.random.default_rng(0)
+    singles = rng.normal(0, 0.1, size=(requests, 4)).astype(np.float32)
+    batches = rng.normal(0, 0.1, size=(max(requests // 10, 5), 64, 4)).astype(np.float32)
+
+    def timed(call, items) -> list[float]:
+        call(items[0])  # warm: compiled, connected
+        seconds = []
+        for item in items:
+            started = time.perf_counter()
+            call(item)
+            seconds.append(time.perf_counter() - started)
+        return seconds
+
+    peer_single = timed(act, singles)
+    peer_batch = timed(act, batches)
+    with serve_policy(run_dir, max_batch_size=64) as server:
+        served_single = timed(lambda o: _post(server.url, {"observation": o.tolist()}), singles)
+        served_batch = timed(lambda b: _post(server.url, {"observations": b.tolist()}),
+                             batches)
+    ms = 1000.0
+    return {
+        "requests": requests,
+        "served_single_median_ms": round(statistics.median(served_single) * ms, 2),
+        "served_single_p99_ms": round(float(np.percentile(served_single, 99)) * ms, 2),
+        "served_batch64_requests_per_s": round(1 / statistics.median(served_batch), 1),
+        "peer_in_process_single_median_ms": round(statistics.median(peer_single) * ms, 3),
+        "peer_in_process_batch64_calls_per_s": round(1 / statistics.median(peer_batch), 1),
+        "served_vs_peer_single_latency_ratio": round(statistics.median(served_single)
+                                                     / statistics.median(peer_single), 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=64)
+    parser.add_argument("--total-env-steps", type=int, default=300_000)
+    parser.add_argument("--sequential", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=200)
+    args = parser.parse_args()
+    record = {"benchmark": "experiments", "slice": "v6e 2x2 (simulated)", "env":
+              "workbench/CartPole-v1", "mode": "anakin"}
+    with tempfile.TemporaryDirectory() as scratch, wb.local_cluster([("v6e", "2x2")]) as cluster:
+        runs = Path(scratch)
+        tpu_slice = wb.reserve("v6e", "2x2", timeout_s=60)
+        record["sweep"] = measure_sweeps(tpu_slice, cluster.address, args.seeds,
+                                         args.total_env_steps, args.sequential)
+        with wb.reserve("v6e", "2x2", timeout_s=60) as tpu_slice:
+            record["tracking"] = measure_tracking(tpu_slice, args.total_env_steps,
+                                                  args.repeats, runs)
+        record["serving"] = measure_serving(str(runs / "off-0"), args.requests)
+    print(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()
