@@ -16,7 +16,7 @@ from workbench.algos.pqn.agent import q_lambda_returns
 
 
 def test_distributions_agree_with_distrax():
-    distrax = pytest.importorskip("distrax")
+    import distrax
     rng = np.random.default_rng(0)
     logits = jnp.asarray(rng.normal(size=(5, 3)), jnp.float32)
     actions = jnp.asarray([0, 2, 1, 1, 0])
@@ -41,7 +41,7 @@ def test_distributions_agree_with_distrax():
 
 
 def test_vtrace_agrees_with_rlax_on_every_column():
-    rlax = pytest.importorskip("rlax")
+    import rlax
     rng = np.random.default_rng(1)
     T, N = 9, 4
     values = rng.normal(size=(T, N)).astype(np.float32)
@@ -100,3 +100,33 @@ def test_running_statistics_fold_batches_exactly():
         stats = update_stats(stats, jnp.asarray(chunk), LOCAL)
     np.testing.assert_allclose(stats.mean, data.mean(0), rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(stats.var, data.var(0), rtol=1e-3, atol=1e-3)
+
+
+def test_the_algorithm_picker_builds_the_run_config_from_its_boxes():
+    from workbench.algos.impala import IMPALAConfig
+    from workbench.ui import AlgorithmPicker
+
+    picker = AlgorithmPicker(algo="ppo", total_env_steps=4096, seed=3)
+    assert {"ppo", "impala", "pqn"} <= set(picker.algo_dropdown.options)
+    assert "learning_rate" in picker._boxes and "clip_eps" in picker._boxes
+    # Choosing another algorithm shows its fields instead.
+    picker.select(algo="impala", mode="actors", env="Pendulum-v1")
+    assert "vtrace_lambda" in picker._boxes and "clip_eps" not in picker._boxes
+    picker._boxes["learning_rate"].value = 1e-3
+    picker._boxes["hidden_sizes"].value = "32,32"
+    config = picker.config(policy_lag=2)
+    assert isinstance(config.algo_config, IMPALAConfig)
+    assert (config.algo, config.env, config.policy_lag, config.seed) == ("impala", "Pendulum-v1",
+                                                                         2, 3)
+    assert config.algo_config.learning_rate == 1e-3
+    assert config.algo_config.hidden_sizes == (32, 32)
+    # A box that cannot work is named, in the exception and in the picker.
+    picker._boxes["learning_rate"].value = -1.0
+    with pytest.raises(ValueError, match="learning_rate"):
+        picker.config()
+    assert "learning_rate" in picker.status.value
+    with pytest.raises(ValueError, match="clip_eps"):
+        picker.select(clip_eps=0.1)
+    # PQN handles discrete actions only: Pendulum is refused when the run is planned.
+    picker.select(algo="pqn")
+    assert "discrete" in picker.summary.value

@@ -119,7 +119,7 @@ class AlgorithmPicker(widgets.VBox):
 
 
 def _box_for(info) -> widgets.Widget | None:
-    common = {"description": info.name, "description_tooltip": info.doc,
+    common = {"description": info.name, "tooltip": info.doc,
               "style": {"description_width": "160px"}}
     kind, default = info.kind, info.default
     if kind == "bool":
