@@ -3,7 +3,7 @@ cheap enough to go to a bar), and each runs on a simulated v6e 2x2 of the sessio
 (short runs: every chip ends with the same state). PPO with a Gaussian policy on Pendulum,
 PQN, gymnax's MinAtar and brax in Anakin mode, env keyword arguments and wrappers in actors
 mode, and an env registered only in the driver reaching the rollout actors. IMPALA with
-rollout actors two updates ahead runs on the slice in notebooks/07_algorithms.ipynb.
+rollout actors two updates ahead runs on the slice in notebooks/09_algorithms.ipynb.
 
 The full bars (against RLlib, over several seeds) are ``benchmarks/bench_algorithms.py``'s.
 """

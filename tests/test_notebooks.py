@@ -44,7 +44,7 @@ CI_PARAMETERS: dict[str, dict] = {
         min_env_steps_per_s=1000.0,
     ),
     "06_kuberay_gke.ipynb": dict(total_env_steps=20_480, seed=0, min_final_return=100.0),
-    "07_algorithms.ipynb": dict(algo="impala", env_id="CartPole-v1", mode="actors",
+    "09_algorithms.ipynb": dict(algo="impala", env_id="CartPole-v1", mode="actors",
                                 policy_lag=2, total_env_steps=10 * 4 * 16 * 64, seed=0,
                                 min_final_return=60.0),
     # Catch learns in a few dozen small updates, so four seeds of two rates stay cheap.
@@ -119,7 +119,7 @@ def test_notebook_runs_and_meets_its_bars(name, cluster):
         assert "What to do" in recorded["refusal"]
         assert recorded["free_after_release"] == recorded["slices_held"]
         assert (recorded["chips"], recorded["hosts"]) == (4, 1)
-    if name == "07_algorithms.ipynb":
+    if name == "09_algorithms.ipynb":
         assert recorded["algo"] == "impala" and recorded["max_policy_lag"] == 2
         assert recorded["chips_identical"] is True
 
