@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from conftest import live_actors, live_placement_groups
 
@@ -177,6 +178,10 @@ def test_sigterm_to_the_cli_stops_with_a_checkpoint_the_run_resumes_from(tmp_pat
         assert process.poll() is None, "".join(lines)
         assert time.monotonic() < deadline, "".join(lines)
         time.sleep(0.5)
+    # Everything the command started (the simulated cluster, its nodes and workers), to
+    # check that none of it outlives the command.
+    started = psutil.Process(process.pid).children(recursive=True)
+    assert len(started) > 5, started
     sent = time.monotonic()
     process.send_signal(signal.SIGTERM)
     code = process.wait(30)
@@ -188,9 +193,8 @@ def test_sigterm_to_the_cli_stops_with_a_checkpoint_the_run_resumes_from(tmp_pat
     assert "Traceback" not in stderr
     step = checkpoint.latest_step(str(run_dir / "checkpoints"))
     assert step is not None and step >= 1
-    leftovers = [p.pid for p in __import__("psutil").process_iter(["cmdline"])
-                 if str(tmp_path) in " ".join(p.info["cmdline"] or ())]
-    assert leftovers == []
+    _gone, alive = psutil.wait_procs(started, timeout=15)
+    assert alive == [], [p.pid for p in alive]
     # The run goes on from there.
     resumed = subprocess.run([*command[:-4], "--total-env-steps", str((step + 2) * 4096),
                               "--eval-every", "0", "--run-dir", str(run_dir), "--resume",
