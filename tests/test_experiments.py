@@ -78,12 +78,30 @@ def test_a_sweep_trial_is_the_run_its_seed_makes_on_one_chip(two_by_two, tmp_pat
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-4, abs=1e-5)
 
 
-def test_a_stopped_sweep_ends_after_its_current_update(two_by_two, tmp_path):
-    config = TrainConfig(**CATCH, total_env_steps=400 * 8 * 16, run_dir=str(tmp_path / "s"))
+def test_a_stopped_sweep_ends_after_its_current_update_and_each_trial_is_tracked(two_by_two,
+                                                                                 tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = (tmp_path / "mlruns").as_uri()
+    config = TrainConfig(**CATCH, total_env_steps=400 * 8 * 16, run_dir=str(tmp_path / "s"),
+                         track="mlflow", tracking_uri=uri)
     run = wb.engine.run.SweepRun(two_by_two, config, seeds=4)
     run.on_update(lambda trial, row: run.stop() if row["update"] >= 3 else None)
     result = run.start().wait(timeout_s=300)
     assert result.stopped and all(t["updates"] < 400 for t in result.trials)
+    # Every trial is an MLflow run of its own, with its seed and its every update.
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("workbench").experiment_id])
+    by_name = {r.info.run_name: r for r in runs}
+    assert sorted(by_name) == [f"trial-{i:04d}" for i in range(4)]
+    for trial in result.trials:
+        tracked = by_name[f"trial-{trial['trial']:04d}"]
+        assert tracked.data.params["seed"] == str(trial["seed"])
+        assert tracked.data.params["env"] == "workbench/Catch-v0"
+        history = client.get_metric_history(tracked.info.run_id, "train/loss")
+        assert [m.step for m in history] == [r["env_steps"] for r in trial["curve"]]
+        assert history[-1].value == pytest.approx(trial["curve"][-1]["loss"], rel=1e-5)
+        assert tracked.info.status == "FINISHED"
 
 
 def test_tensorboard_reads_a_tracked_run_without_tensorflow(trained_cartpole):
@@ -104,24 +122,6 @@ def test_tensorboard_reads_a_tracked_run_without_tensorflow(trained_cartpole):
     hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
     assert hparams["env"].string_value == "CartPole-v1"
     assert hparams["algo_config.learning_rate"].number_value == pytest.approx(5e-4)
-
-
-def test_mlflow_holds_a_tracked_run(two_by_two, tmp_path):
-    from mlflow.tracking import MlflowClient
-
-    uri = (tmp_path / "mlruns").as_uri()
-    config = TrainConfig(**CATCH, total_env_steps=4 * 4 * 8 * 16, seed=1, track="mlflow",
-                         tracking_uri=uri, run_dir=str(tmp_path / "run"))
-    result = train(two_by_two, config)
-    client = MlflowClient(tracking_uri=uri)
-    runs = client.search_runs([client.get_experiment_by_name("workbench").experiment_id])
-    assert len(runs) == 1 and runs[0].info.run_name == "run"
-    assert runs[0].data.params["env"] == "workbench/Catch-v0"
-    assert runs[0].data.params["seed"] == "1"
-    history = client.get_metric_history(runs[0].info.run_id, "train/loss")
-    assert [m.step for m in history] == [r["env_steps"] for r in result.curve]
-    assert runs[0].data.metrics["result/final_return"] == pytest.approx(result.final_return)
-    assert runs[0].info.status == "FINISHED"
 
 
 def test_eval_plays_the_trained_policy_and_draws_it(trained_cartpole, tmp_path):

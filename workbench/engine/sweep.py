@@ -392,10 +392,10 @@ class _SweepRun:
                     if self.stopped:
                         break
                     self._run_queued(trial)
+            return self._result()  # logs each trial's result to its tracker
         finally:
             for tracker in self.trackers.values():
                 tracker.close()
-        return self._result()
 
     # ---- trackers --------------------------------------------------------------------
 
