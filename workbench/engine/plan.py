@@ -266,6 +266,14 @@ def _gymnasium_spec(env_id: str, env_kwargs: dict):
     import gymnasium as gym
 
     module, _, name = env_id.rpartition(":")
+    from workbench.envs.registry import SUITES
+
+    if module in SUITES:
+        # "gymnax:CartPole-v1" names gymnax's JAX env; without this the gymnasium env of
+        # the same name would train instead, once the suite's module imported.
+        raise ValueError(f"Environment {env_id!r} is a JAX environment of {module}: it "
+                         "trains in mode='anakin' (the actors mode steps gymnasium ids "
+                         f"such as {name!r}).")
     if module:
         try:
             importlib.import_module(module)
