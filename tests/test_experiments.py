@@ -172,15 +172,24 @@ def _post(url: str, body: bytes, content_type: str = "application/json"):
         return error.code, json.loads(error.read())
 
 
-def test_a_served_policy_answers_good_requests_and_refuses_bad_ones(trained_cartpole):
+def test_a_served_policy_answers_good_requests_and_refuses_bad_ones(trained_cartpole,
+                                                                    two_by_two):
+    from ray._private.state import actors
+
     from workbench.engine.serving import serve_policy
 
     before = set(live_actors())
     policy = wb.load(trained_cartpole.run_dir)
     act = policy.greedy_policy()
     observations = np.random.default_rng(0).normal(0, 0.1, size=(70, 4)).astype(np.float32)
-    with serve_policy(trained_cartpole.run_dir, max_batch_size=16) as server:
+    with serve_policy(trained_cartpole.run_dir, max_batch_size=16, replicas=2,
+                      tpu_slice=two_by_two) as server:
         assert server.url.startswith("http://127.0.0.1:")
+        # The replicas run on the slice's hosts.
+        replica_nodes = {a["Address"]["NodeID"] for a in actors().values()
+                         if "ServeReplica" in a["ActorClassName"] and a["State"] == "ALIVE"}
+        assert len(replica_nodes) >= 1
+        assert replica_nodes <= {host.node_id for host in two_by_two.hosts}
         status, answer = _post(server.url, json.dumps({"observation":
                                                        observations[0].tolist()}).encode())
         assert status == 200 and answer["action"] == int(act(observations[0]))
