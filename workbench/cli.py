@@ -286,7 +286,7 @@ def _check_before_start(args: argparse.Namespace, config, shape: SliceShape):
     if config.resume:
         from workbench.engine.checkpoint import require_checkpoint
 
-        require_checkpoint(config.checkpoint_dir)
+        require_checkpoint(plan.checkpoint_dir)  # run_dir/checkpoints too
     json_path = getattr(args, "json", None)
     if json_path:
         _check_writable(json_path)
