@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.engine.checkpoint import META, CheckpointError, restore
+from workbench.engine.checkpoint import META, CheckpointError, restore, steps
 
 
 @dataclass
@@ -75,6 +75,12 @@ def load(path: str | Path, step: int | None = None) -> LoadedPolicy:
     from workbench.learn.learner import AgentSpec
 
     directory, named_step = checkpoint_dir_of(path)
+    if not steps(directory):
+        why = "it does not exist" if not Path(path).exists() else "no checkpoint steps in it"
+        raise CheckpointError(
+            f"{str(path)!r} holds no checkpoint ({why}). Pass a trained run's folder "
+            "(TrainResult.run_dir, which workbench train prints), its checkpoints/ folder, "
+            "or one numbered step of it.")
     restored = restore(directory, step if step is not None else named_step)
     meta = restored.meta
     try:
