@@ -70,11 +70,15 @@ class BraxEnv:
 
         del key  # brax's dynamics are deterministic given the state
         inner = self._env.step(state.inner, action)
+        # Some brax envs set a constant reward (inverted_pendulum: 1.0) as a Python float;
+        # the state then has to keep reset's array types to stay a scan carry.
+        inner = inner.replace(reward=jnp.asarray(inner.reward, jnp.float32),
+                              done=jnp.asarray(inner.done, jnp.float32))
         t = state.t + 1
         terminated = inner.done > 0
         truncated = (t >= self.episode_length) & ~terminated
-        return (BraxState(inner, t), inner.obs.astype(jnp.float32),
-                inner.reward.astype(jnp.float32), terminated, truncated)
+        return BraxState(inner, t), inner.obs.astype(jnp.float32), inner.reward, terminated, \
+            truncated
 
     def render(self, state) -> np.ndarray:
         from workbench.envs.gymnax_family import picture_of

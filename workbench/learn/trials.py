@@ -149,13 +149,16 @@ class TrialsLearner:
         self._split = NamedSharding(self.mesh, P(AXIS))
         init, step = trial_functions(setup)
         sharded = dict(mesh=self.mesh, check_vma=False)
+        # keep_unused: a sweep without traced fields passes an empty value table, which jit
+        # would drop from the program; the compile caches key on the program's text, and
+        # without it a [n, 0] table's program matched a [n, 1] one's, then refused its input.
         self._init = jax.jit(jax.shard_map(jax.vmap(init), in_specs=(P(AXIS), P(AXIS)),
-                                           out_specs=P(AXIS), **sharded))
+                                           out_specs=P(AXIS), **sharded), keep_unused=True)
         self._step = jax.jit(
             jax.shard_map(jax.vmap(step, in_axes=(0, 0, 0, 0, None)),
                           in_specs=(P(AXIS), P(AXIS), P(AXIS), P(AXIS), P()),
                           out_specs=(P(AXIS), P(AXIS), P(AXIS), P(AXIS)), **sharded),
-            donate_argnums=(1, 2),
+            donate_argnums=(1, 2), keep_unused=True,
         )
         rows = list(setup.values) + [setup.values[-1]] * (self.padded - setup.num_trials)
         seeds = list(setup.seeds) + [setup.seeds[-1]] * (self.padded - setup.num_trials)
