@@ -67,8 +67,7 @@ class SharedRollout:
                 # NOTE: the oldest update asked for runs first, once every part has asked
                 # for it, and one rollout at a time: the envs see the same actions in the
                 # same order in every run, whatever order the requests arrived in.
-                if (not self._running and oldest is not None
-                        and len(self._asked[oldest]) == self.parts):
+                if not self._running and oldest is not None and self._ready(oldest):
                     self._run(oldest)
                     continue
                 if not self._cond.wait(max(0.0, deadline - time.monotonic())):
@@ -81,9 +80,22 @@ class SharedRollout:
                 del self._done[for_update], self._collected[for_update]
             return pieces[part]
 
+    def _ready(self, update: int) -> bool:
+        """Whether the rollout for ``update`` can run: every part asked for it, or (in a
+        replacement for an actor that died) every part asked for it or for a later update,
+        a part that asks for a later one having had this one from the dead actor."""
+        if len(self._asked[update]) == self.parts:
+            return True
+        waiting = {part for asked in self._asked.values() for part in asked}
+        return len(waiting) == self.parts
+
     def _run(self, for_update: int) -> None:
         """Make one rollout (called holding the lock, which it releases while stepping)."""
-        policy, policy_version = self._asked.pop(for_update)[0]
+        asked = self._asked.pop(for_update)
+        # Every part passes the same policy for an update (the learners hold the same
+        # parameters); pieces nobody asked for here are never taken.
+        policy, policy_version = next(iter(asked.values()))
+        self._collected[for_update] = set(range(self.parts)) - set(asked)
         self._running = True
         self._cond.release()
         try:
