@@ -223,6 +223,7 @@ def test_workbench_serve_answers_over_http_and_stops_cleanly_on_sigterm(trained_
     import os
     import signal
     import socket
+    import threading
     import time
 
     import psutil
@@ -234,10 +235,17 @@ def test_workbench_serve_answers_over_http_and_stops_cleanly_on_sigterm(trained_
     process = subprocess.Popen([WORKBENCH, "serve", trained_cartpole.run_dir, "--port",
                                 str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True, env=env)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")),
+                              daemon=True)
+    reader.start()
     try:
-        first = process.stderr.readline()
-        assert first.startswith("Serving"), first + process.stderr.read()
-        assert f"http://127.0.0.1:{port}" in first
+        deadline = time.monotonic() + 240
+        while not any(line.startswith("Serving") for line in lines):
+            assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.5)
+        serving = next(line for line in lines if line.startswith("Serving"))
+        assert f"http://127.0.0.1:{port}" in serving
         act = wb.load(trained_cartpole.run_dir).greedy_policy()
         observation = [0.01, -0.02, 0.03, 0.0]
         status, answer = _post(f"http://127.0.0.1:{port}/",
@@ -249,7 +257,9 @@ def test_workbench_serve_answers_over_http_and_stops_cleanly_on_sigterm(trained_
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0
         assert time.monotonic() - sent < 30
-        assert "the policy server stopped" in process.stderr.read()
+        reader.join(10)
+        assert "the policy server stopped" in "".join(lines)
+        assert "Traceback" not in "".join(lines)
     finally:
         if process.poll() is None:
             process.kill()
