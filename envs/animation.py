@@ -22,7 +22,8 @@ def episode_frames(
     Args:
         env: an environment id (see :func:`workbench.envs.jax_env_ids`) or a JAX environment.
         act_fn: the policy, ``act_fn(obs) -> action``, given each observation as a float32
-            numpy array (an int, a numpy or a JAX scalar are all fine as the action).
+            numpy array (an int, a numpy or a JAX scalar are all fine as a discrete action;
+            an array of the env's action shape as a continuous one).
         seed: seeds the environment's PRNG key.
         max_steps: stop after this many steps even if the episode goes on.
 
@@ -44,12 +45,16 @@ def episode_frames(
     key, state, obs = fns.reset(jax.random.key(seed))
     frames = [env.render(jax.device_get(state))]
     for _ in range(max_steps):
-        action = int(np.asarray(act_fn(np.asarray(obs))))
-        if not 0 <= action < env.num_actions:
-            raise ValueError(
-                f"act_fn returned action {action}; {env.id} takes 0..{env.num_actions - 1}."
-            )
-        key, state, obs, _, terminated, truncated = fns.step(key, state, np.int32(action))
+        action = np.asarray(act_fn(np.asarray(obs)))
+        if env.num_actions:  # discrete; continuous envs (brax) have none
+            action = int(action)
+            if not 0 <= action < env.num_actions:
+                raise ValueError(f"act_fn returned action {action}; {env.id} takes "
+                                 f"0..{env.num_actions - 1}.")
+            action = np.int32(action)
+        else:
+            action = action.astype(np.float32)
+        key, state, obs, _, terminated, truncated = fns.step(key, state, action)
         frames.append(env.render(jax.device_get(state)))
         if bool(terminated) or bool(truncated):
             break

@@ -72,29 +72,14 @@ def episode_frames(policy: LoadedPolicy, spec: RunEnv, seed: int,
     act = policy.greedy_policy()
     entry = _jax_entry(spec)
     if entry is not None:
-        return _jax_frames(entry.make(), act, seed, max_steps)
+        from workbench.envs.animation import episode_frames as jax_episode_frames
+
+        env = entry.make()
+        try:
+            return jax_episode_frames(env, act, seed, max_steps)
+        except (NotImplementedError, AttributeError) as error:
+            raise ValueError(f"{env.id} draws no frames ({error}): leave out --gif.") from None
     return _gymnasium_frames(spec, act, seed, max_steps)
-
-
-def _jax_frames(env, act, seed: int, max_steps: int) -> list[np.ndarray]:
-    import jax
-
-    reset, step = jax.jit(env.reset), jax.jit(env.step)
-    key = jax.random.PRNGKey(seed)
-    key, reset_key = jax.random.split(key)
-    state, obs = reset(reset_key)
-    try:
-        frames = [env.render(jax.device_get(state))]
-    except (NotImplementedError, AttributeError) as error:
-        raise ValueError(f"{env.id} draws no frames ({error}): leave out --gif.") from None
-    for _ in range(max_steps):
-        key, step_key = jax.random.split(key)
-        state, obs, _, terminated, truncated = step(state, act(np.asarray(obs, np.float32)),
-                                                    step_key)
-        frames.append(env.render(jax.device_get(state)))
-        if bool(terminated) or bool(truncated):
-            break
-    return frames
 
 
 def _gymnasium_frames(spec: RunEnv, act, seed: int, max_steps: int) -> list[np.ndarray]:
