@@ -73,10 +73,10 @@ def trial_functions(setup: TrialsSetup):
         return spec.algorithm.build(config, spec.spaces, spec.num_updates)
 
     def init(values, seed):
-        keys = run_keys.RunKeys(*jax.random.split(jax.random.PRNGKey(seed), 4))
+        keys = run_keys.run_keys(seed)
         state = agent_of(values).init(keys.params)
-        # The envs of chip 0 of a one-chip run: the env key folded with the chip's index.
-        carry = init_envs(env, jax.random.fold_in(keys.envs, 0), setup.envs_per_trial)
+        # The envs of chip 0 of a one-chip run.
+        carry = init_envs(env, run_keys.env_key(keys, 0), setup.envs_per_trial)
         return state, carry, keys.updates
 
     def step(values, state, carry, update_keys, update):
