@@ -13,7 +13,6 @@ threads would send output to whichever cell happens to be running.
 from __future__ import annotations
 
 import html
-import io
 import logging
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from workbench.engine.run import TrainingRun
+from workbench.ui.drawing import agg_figure, png_of
 
 if TYPE_CHECKING:
     from workbench.engine import TrainConfig, TrainResult
@@ -87,8 +87,8 @@ def summary_html(result: TrainResult, stopped: bool = False) -> str:
 
 
 class StopControls:
-    """A dashboard's Stop button and status line: a click calls every ``on_stop`` callback
-    (each must return at once) and shows that the run is stopping."""
+    """A dashboard's Stop button and status line (a click calls every ``on_stop`` callback,
+    each of which must return at once), and its throttled redraw of ``figure_png()``."""
 
     def _make_stop_controls(self) -> None:
         self._stop_callbacks: list[Callable[[], None]] = []
@@ -109,6 +109,15 @@ class StopControls:
         """Show that the run was asked to stop."""
         self.stop_button.disabled = True
         self.status.value = "Stopping after the current update..."
+
+    def _redraw_if_due(self) -> None:
+        if time.monotonic() - self._drawn_at >= self.redraw_s:
+            self.redraw()
+
+    def redraw(self) -> None:
+        """Render the curves now (PNG into the image widget)."""
+        self._drawn_at = time.monotonic()
+        self.curves.value = self.figure_png()
 
 
 class TrainingDashboard(StopControls, widgets.VBox):
@@ -194,13 +203,7 @@ class TrainingDashboard(StopControls, widgets.VBox):
                 f"over {len(chip_s)} chips"
             )
         self.stats.value = " &middot; ".join(html.escape(p) for p in parts)
-        if time.monotonic() - self._drawn_at >= self.redraw_s:
-            self.redraw()
-
-    def redraw(self) -> None:
-        """Render the curves now (PNG into the image widget)."""
-        self._drawn_at = time.monotonic()
-        self.curves.value = self.figure_png()
+        self._redraw_if_due()
 
     def figure_png(self, dpi: int = 90) -> bytes:
         """The curves as PNG bytes: returns over env steps, and the last per-chip step times.
@@ -211,13 +214,7 @@ class TrainingDashboard(StopControls, widgets.VBox):
         Returns:
             The PNG file's bytes.
         """
-        # The object-oriented API with an Agg canvas keeps pyplot's global state (and the
-        # notebook's inline backend) out of the training thread.
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        figure = Figure(figsize=(9, 3))
-        FigureCanvasAgg(figure)
+        figure = agg_figure((9, 3))
         returns, chips = figure.subplots(1, 2, gridspec_kw={"width_ratios": [2, 1]})
         steps = [r.get("env_steps", 0) for r in self.rows]
         for key, label, style in (
@@ -243,10 +240,7 @@ class TrainingDashboard(StopControls, widgets.VBox):
         chips.set_xlabel("chip")
         chips.set_ylabel("step time (ms)")
         chips.set_title("last update", fontsize=9)
-        figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=dpi)
-        return buffer.getvalue()
+        return png_of(figure, dpi)
 
     def finish(self, result: TrainResult | None, error: BaseException | None,
                stopped: bool) -> None:

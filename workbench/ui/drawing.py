@@ -118,3 +118,25 @@ def facts_html(shape: SliceShape) -> str:
         for k, v in rows
     )
     return f'<table style="font-size:12px;border-collapse:collapse">{cells}</table>'
+
+
+def agg_figure(figsize: tuple[float, float]):
+    """A matplotlib Figure on its own Agg canvas: pyplot's global state (and a notebook's
+    inline backend) stays out of the training thread that draws it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=figsize)
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def png_of(figure, dpi: int) -> bytes:
+    """``figure`` laid out and rendered as PNG bytes."""
+    import io
+
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
+

@@ -10,8 +10,6 @@ widget traits.
 from __future__ import annotations
 
 import html
-import io
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +17,7 @@ import ipywidgets as widgets
 
 from workbench.engine.run import SweepRun
 from workbench.ui.dashboard import StopControls
+from workbench.ui.drawing import agg_figure, png_of
 
 if TYPE_CHECKING:
     from workbench.engine import TrainConfig
@@ -80,27 +79,15 @@ class SweepDashboard(StopControls, widgets.VBox):
             f"{len(recent)} of {len(self.trials)} trials running; update {row['update']} of "
             f"{self.total_updates}; return (last 100 episodes) across trials: "
             + (f"{min(known):.3g} to {max(known):.3g}" if known else "-"))
-        if time.monotonic() - self._drawn_at >= self.redraw_s:
-            self.redraw()
-
-    def redraw(self) -> None:
-        self._drawn_at = time.monotonic()
-        self.curves.value = self.figure_png()
+        self._redraw_if_due()
 
     def figure_png(self, dpi: int = 90) -> bytes:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
         from workbench.engine.sweep import draw_bands
 
-        figure = Figure(figsize=(7, 3.5))
-        FigureCanvasAgg(figure)
+        figure = agg_figure((7, 3.5))
         draw_bands(figure.subplots(), list(self.trials.values()), self.configs,
                    self.target_return)
-        figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=dpi)
-        return buffer.getvalue()
+        return png_of(figure, dpi)
 
     def finish(self, result: SweepResult | None, error: BaseException | None,
                stopped: bool) -> None:
