@@ -70,7 +70,7 @@ class Attempt:
             config.sync, ray.get(self.learners[0].platform.remote(), timeout=60)
         )
         log.info("learner 0 up after %.1f s", time.monotonic() - started)
-        self._join(coordinator, distributed_timeout_s)
+        join_group(self.learners, coordinator, distributed_timeout_s)
         log.info("jax.distributed joined after %.1f s", time.monotonic() - started)
         setup = self.plan.learner_setup(num_chips, self.sync)
         try:
@@ -88,21 +88,6 @@ class Attempt:
         ray.get([lr.compile.remote() for lr in self.learners], timeout=600)
         log.info("learners compiled after %.1f s", time.monotonic() - started)
         return setups[0]
-
-    def _join(self, coordinator: str, timeout_s: float) -> None:
-        import ray
-
-        joins = [lr.join.remote(coordinator, timeout_s) for lr in self.learners]
-        ready, _ = ray.wait(joins, num_returns=len(joins), timeout=timeout_s + 30)
-        missing = [rank for rank, ref in enumerate(joins) if ref not in ready]
-        if missing:
-            raise DistributedStartError(
-                f"Learners of ranks {missing} (of {len(joins)}) did not join the "
-                f"jax.distributed group at {coordinator} within {timeout_s:g} s. Check that "
-                "their hosts are alive (wb.list_slices()) and retry, or raise "
-                "distributed_timeout_s."
-            )
-        ray.get(joins)
 
     def _start_rollouts(self) -> list[tuple | None]:
         """Each host's chips are split among its rollout actors; an actor sits in the
@@ -211,3 +196,25 @@ class Attempt:
             with contextlib.suppress(Exception):
                 rollout_ids = ray.get(self.keeper.stop_all.remote(), timeout=10)
         kill_and_wait(self.learners + ([self.keeper] if self.keeper else []), rollout_ids)
+
+
+def join_group(actors: list, coordinator: str, timeout_s: float) -> None:
+    """Have every chip's actor (each with a ``join(coordinator, timeout_s)`` method) join
+    one ``jax.distributed`` group at ``coordinator``.
+
+    Raises:
+        DistributedStartError: naming the ranks that did not join in time.
+    """
+    import ray
+
+    joins = [actor.join.remote(coordinator, timeout_s) for actor in actors]
+    ready, _ = ray.wait(joins, num_returns=len(joins), timeout=timeout_s + 30)
+    missing = [rank for rank, ref in enumerate(joins) if ref not in ready]
+    if missing:
+        raise DistributedStartError(
+            f"Learners of ranks {missing} (of {len(joins)}) did not join the "
+            f"jax.distributed group at {coordinator} within {timeout_s:g} s. Check that "
+            "their hosts are alive (wb.list_slices()) and retry, or raise "
+            "distributed_timeout_s."
+        )
+    ray.get(joins)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.engine.attempt import CPU_ONLY, remote
+from workbench.engine.attempt import CPU_ONLY, join_group, remote
 from workbench.engine.cluster_state import head_node_affinity, kill_and_wait
 from workbench.engine.config import TrainConfig
 from workbench.engine.fields import ConfigError
@@ -178,7 +178,6 @@ class TrialsActor:
         """Every update of this chip's trials, each pushed to ``board``; then a greedy
         evaluation of each trial. Returns the final returns by trial index."""
         learner = self.learner
-        loop_start = time.time()
         for update in range(num_updates):
             if self._stop:
                 break
@@ -190,8 +189,7 @@ class TrialsActor:
                  "returns": returns[trial], "metrics": metrics[trial], "step_s": step_s}
                 for trial in learner.local_trials
             ])
-        return {"final": learner.final_returns(), "loop_start": loop_start,
-                "updates": learner.updates}
+        return {"final": learner.final_returns(), "updates": learner.updates}
 
 
 # ---- the sweep ---------------------------------------------------------------------------
@@ -446,8 +444,7 @@ class _SweepRun:
             scheduling_strategy=head_node_affinity()).remote()
         try:
             coordinator = ray.get(actors[0].coordinator_address.remote(), timeout=120)
-            joins = [a.join.remote(coordinator, self.distributed_timeout_s) for a in actors]
-            ray.get(joins, timeout=self.distributed_timeout_s + 60)
+            join_group(actors, coordinator, self.distributed_timeout_s)
             ray.get([a.setup.remote(setup) for a in actors], timeout=900)
             if not self.startup_s:
                 self.startup_s = time.monotonic() - self.started
@@ -504,9 +501,12 @@ class _SweepRun:
         self.wall_s += result.wall_s
         log_ = MetricsLog(1, self.plan.target_return)
         log_.rows = list(result.curve)
+        # The run measured its own time to target; times here count from its loop's start.
+        if result.time_to_train_target_s is not None:
+            log_.train_target = {"time": result.time_to_train_target_s,
+                                 "env_steps": result.env_steps_to_train_target}
         self.curves.logs[trial.index] = log_
-        self.curves.loop_start[trial.index] = result.curve[0]["time"] - \
-            result.curve[0]["chip_step_s"][0] if result.curve else time.time()
+        self.curves.loop_start[trial.index] = 0.0
         self.finals[trial.index] = result.final_return
         if self._wants_stop():
             self.stopped = True
