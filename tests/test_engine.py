@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import ray
 from conftest import live_actors
 
 import workbench as wb
@@ -39,6 +40,14 @@ def first_run(sim_cluster, tmp_path_factory):
     return result, directory
 
 
+@pytest.fixture(scope="module")
+def two_by_two(sim_cluster):
+    """One slice for the module's other runs: after the first, each takes the learners the
+    run before it kept warm."""
+    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
+        yield tpu_slice
+
+
 def test_a_run_records_what_users_read(first_run):
     result, _ = first_run
     record = result.to_json()
@@ -53,6 +62,11 @@ def test_a_run_records_what_users_read(first_run):
     assert [row["update"] for row in result.curve] == [1, 2, 3]
     assert all(len(row["chip_step_s"]) == 4 for row in result.curve)
     assert 8 <= result.final_return <= 500
+    assert set(result.startup_profile) == {"learners_joined_s", "learners_set_up_s",
+                                           "compiled_s", "warm"}
+    assert result.startup_profile["warm"] is False
+    assert 0 < result.startup_profile["compiled_s"] <= result.startup_s
+    # The slice kept its learners after the run; releasing it stopped them.
     assert live_actors() == []
 
 
@@ -69,14 +83,15 @@ def test_the_final_checkpoint_holds_the_final_state(first_run):
     assert _digest(saved.state) == result.chip_state_digests[0]
 
 
-def test_same_seed_same_curve_and_resume_continues_exactly(first_run, cluster, tmp_path):
+def test_same_seed_same_curve_and_resume_continues_exactly(first_run, two_by_two, tmp_path):
     result, directory = first_run
-    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-        again = train(tpu_slice, TrainConfig(seed=7, checkpoint_dir=str(tmp_path), **SMALL))
-        # Resuming a finished run loads its state and has nothing left to do: the chips
-        # must then hold exactly what the checkpoint holds.
-        resumed = train(tpu_slice, TrainConfig(seed=7, checkpoint_dir=directory, resume=True,
-                                               **SMALL))
+    again = train(two_by_two, TrainConfig(seed=7, checkpoint_dir=str(tmp_path), **SMALL))
+    # Resuming a finished run loads its state and has nothing left to do: the chips must
+    # then hold exactly what the checkpoint holds, in learners kept from the run before.
+    resumed = train(two_by_two, TrainConfig(seed=7, checkpoint_dir=directory, resume=True,
+                                            **SMALL))
+    assert resumed.startup_profile["warm"] is True
+    assert resumed.startup_s < again.startup_s
     curve = [(r["episodes"], r["mean_return_this_update"], r["loss"]) for r in result.curve]
     assert curve == [(r["episodes"], r["mean_return_this_update"], r["loss"])
                      for r in again.curve]
@@ -85,7 +100,7 @@ def test_same_seed_same_curve_and_resume_continues_exactly(first_run, cluster, t
     assert set(resumed.chip_state_digests) == {result.chip_state_digests[0]}
 
 
-def test_a_loss_defined_in_a_notebook_cell_trains_with_per_minibatch_all_reduce(cluster):
+def test_a_loss_defined_in_a_notebook_cell_trains_with_per_minibatch_all_reduce(two_by_two):
     def ppo_with_value_clip(params, apply_fn, batch, config):
         loss, metrics = ppo_module.ppo_loss(params, apply_fn, batch, config)
         extra = 0.01 * jnp.mean(jnp.square(apply_fn(params, batch.obs)[1]))
@@ -93,9 +108,12 @@ def test_a_loss_defined_in_a_notebook_cell_trains_with_per_minibatch_all_reduce(
 
     wb.algos.register(ppo_module.with_loss(ppo_with_value_clip), replace=True)
     small = dict(SMALL, total_env_steps=2 * 1024, eval_every=0)
-    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-        result = train(tpu_slice, TrainConfig(seed=1, algo="ppo_with_value_clip",
-                                              sync="gradients", **small))
+    # A kept learner that died between runs: the run starts new ones instead.
+    wb.start_learners(two_by_two)
+    ray.kill(ray.get_actor(f"{two_by_two.name}:a0:learner-1"))
+    result = train(two_by_two, TrainConfig(seed=1, algo="ppo_with_value_clip",
+                                           sync="gradients", **small))
+    assert result.startup_profile["warm"] is False
     assert (result.algo, result.sync) == ("ppo_with_value_clip", "gradients")
     assert all("value_penalty" in row for row in result.curve)
     # The other way of keeping chips equal: an all-reduce of gradients per minibatch.
@@ -174,12 +192,12 @@ REINFORCE = Algorithm("reinforce", ReinforceConfig, build_reinforce, (DISCRETE,)
 
 @pytest.mark.parametrize(("mode", "env"), [("actors", "CartPole-v1"),
                                            ("anakin", "workbench/CartPole-v1")])
-def test_an_algorithm_registered_in_a_cell_trains_cartpole_in_both_modes(cluster, mode, env):
+def test_an_algorithm_registered_in_a_cell_trains_cartpole_in_both_modes(two_by_two, mode,
+                                                                         env):
     wb.algos.register(REINFORCE, replace=True)
     config = TrainConfig(env=env, mode=mode, algo="reinforce", total_env_steps=250_000,
                          seed=0, eval_every=0, sync="gradients")
-    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-        result = train(tpu_slice, config)
+    result = train(two_by_two, config)
     assert result.algo == "reinforce" and result.mode == mode
     assert all("baseline_loss" in row for row in result.curve)
     first = next(r["mean_return_this_update"] for r in result.curve
@@ -201,13 +219,12 @@ def test_an_algorithm_registered_in_a_cell_trains_cartpole_in_both_modes(cluster
      (TrainConfig(env="Pendulum-v1", algo="pqn"), "continuous actions, and pqn handles discrete"),
      (TrainConfig(rollout_actors_per_host=3), "does not divide")],
 )
-def test_bad_training_configs_are_refused_before_anything_starts(cluster, config, match):
-    with (
-        wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice,
-        pytest.raises(ValueError, match=match),
-    ):
-        train(tpu_slice, config)
-    assert live_actors() == []
+def test_bad_training_configs_are_refused_before_anything_starts(two_by_two, config, match):
+    before = set(live_actors())
+    with pytest.raises(ValueError, match=match):
+        train(two_by_two, config)
+    # Nothing started, and the learners the slice keeps from earlier runs are untouched.
+    assert set(live_actors()) == before
 
 
 def test_resuming_from_a_path_that_is_not_a_checkpoint_says_so(tmp_path):

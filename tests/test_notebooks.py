@@ -203,6 +203,7 @@ def test_picker_reserves_shows_contention_and_releases(cluster):
     first.reserve_button.click()  # a click reserves in a thread; the kernel stays free
     _wait_until(lambda: first.slice is not None)
     assert first.slice.num_chips == 8 and "Reserved v6e 2x4" in first.status.value
+    assert "learners are starting" in first.status.value  # the simulator keeps them warm
     assert first.reserve_button.disabled and first.generation_dropdown.disabled
 
     with pytest.raises(wb.SliceUnavailableError):

@@ -16,6 +16,7 @@ from workbench.engine.result import TrainResult
 from workbench.engine.run import SweepRun, TrainingRun, start_run
 from workbench.engine.serving import PolicyServer, serve_policy
 from workbench.engine.sweep import SweepResult, sweep
+from workbench.engine.warm import start_learners
 
 __all__ = [
     "ChipLost",
@@ -30,6 +31,7 @@ __all__ = [
     "evaluate_run",
     "load",
     "serve_policy",
+    "start_learners",
     "start_run",
     "sweep",
     "train",

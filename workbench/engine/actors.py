@@ -86,6 +86,9 @@ class ChipLearnerActor:
         from workbench.engine.rollouts import RolloutFeed
         from workbench.learn.modes import learner_class
 
+        self._stop_requested = False
+        with self._records_lock:
+            self._recent.clear()
         self.config = config
         self.checkpoints = checkpoints
         self.board = board
@@ -108,6 +111,17 @@ class ChipLearnerActor:
             answer["step"] = restored.step
         answer.update(start_update=self.start_update, env_steps=self.env_steps)
         return answer
+
+    def clear(self) -> None:
+        """Drop the finished run's learner and buffers, so that a process kept warm for
+        the next run holds no more than its imports and its jax.distributed membership."""
+        import gc
+
+        self.learner = self.feed = self.board = None
+        with self._records_lock:
+            self._recent.clear()
+        gc.collect()
+        release_freed_memory()
 
     def compile(self) -> float:
         """Compile the update before the loop starts, so the loop starts hot."""

@@ -7,12 +7,11 @@ import contextlib
 import logging
 import time
 
-from workbench.engine.actors import Checkpoints, ChipLearnerActor
+from workbench.engine.actors import Checkpoints
 from workbench.engine.cluster_state import kill_and_wait, wait_until_dead
 from workbench.engine.plan import RunPlan
 from workbench.engine.rollouts import RolloutKeeper
 from workbench.learn import sync as sync_strategies
-from workbench.learn.platform import DistributedStartError
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +41,13 @@ class Attempt:
         self.board = board
         self.learners: list = []
         self.keeper = None
+        self.number = number
+        self.group = None
+        self.warm = False
+        """Whether the learners were kept warm from an earlier run on the slice."""
+        self.profile: dict[str, float] = {}
+        """Seconds from the attempt's start until its learners had joined, were set up,
+        and had compiled."""
         self.runs: list = []
         self.sync: str | None = None
 
@@ -53,25 +59,22 @@ class Attempt:
         first resolves it from the learners' platform."""
         import ray
 
+        from workbench.engine import warm
+
         started = time.monotonic()
         tpu_slice, config = self.slice, self.plan.config
         num_chips = tpu_slice.num_chips
-        Learner = remote(ChipLearnerActor, num_cpus=1, resources={"TPU": 1}, max_concurrency=2)
-        self.learners = [
-            Learner.options(
-                scheduling_strategy=tpu_slice.scheduling(chip.rank),
-                name=f"{self.prefix}:learner-{chip.rank}",
-            ).remote(chip.rank, num_chips)
-            for chip in tpu_slice.chips
-        ]
+        self.group = warm.take(tpu_slice) if self.number == 0 else None
+        self.warm = self.group is not None
+        if self.group is None:
+            self.group = warm.start_group(tpu_slice, self.prefix, distributed_timeout_s)
+        self.learners = self.group.learners
         feeds = self._start_rollouts()
-        coordinator = ray.get(self.learners[0].coordinator_address.remote(), timeout=120)
-        self.sync = sync or sync_strategies.resolve(
-            config.sync, ray.get(self.learners[0].platform.remote(), timeout=60)
-        )
-        log.info("learner 0 up after %.1f s", time.monotonic() - started)
-        join_group(self.learners, coordinator, distributed_timeout_s)
-        log.info("jax.distributed joined after %.1f s", time.monotonic() - started)
+        platform = self.group.wait_joined(distributed_timeout_s)
+        self.sync = sync or sync_strategies.resolve(config.sync, platform)
+        self.profile["learners_joined_s"] = round(time.monotonic() - started, 3)
+        log.info("learners %s after %.1f s", "taken warm" if self.warm else "joined",
+                 time.monotonic() - started)
         setup = self.plan.learner_setup(num_chips, self.sync)
         try:
             setups = ray.get([
@@ -84,9 +87,10 @@ class Attempt:
             if isinstance(error.cause, ValueError):
                 raise error.cause from None
             raise
-        log.info("learners set up after %.1f s", time.monotonic() - started)
+        self.profile["learners_set_up_s"] = round(time.monotonic() - started, 3)
         ray.get([lr.compile.remote() for lr in self.learners], timeout=600)
-        log.info("learners compiled after %.1f s", time.monotonic() - started)
+        self.profile["compiled_s"] = round(time.monotonic() - started, 3)
+        log.info("learners ready after %s", self.profile)
         return setups[0]
 
     def _start_rollouts(self) -> list[tuple | None]:
@@ -188,33 +192,30 @@ class Attempt:
         wait_until_dead([self.learners[rank]._actor_id.hex() for rank in silent], death_s)
         return silent
 
-    def kill(self) -> None:
+    def kill(self, keep_learners: bool = False) -> None:
+        """Stop the attempt's actors; with ``keep_learners`` (a run that ended cleanly),
+        the learners stay on the slice for its next run if the slice keeps them."""
         import ray
+
+        from workbench.engine import warm
 
         rollout_ids: list[str] = []
         if self.keeper is not None:
             with contextlib.suppress(Exception):
                 rollout_ids = ray.get(self.keeper.stop_all.remote(), timeout=10)
-        kill_and_wait(self.learners + ([self.keeper] if self.keeper else []), rollout_ids)
+        learners = list(self.learners)
+        if keep_learners and self.group is not None and warm.keep(self.slice, self.group):
+            learners = []
+        kill_and_wait(learners + ([self.keeper] if self.keeper else []), rollout_ids)
 
 
 def join_group(actors: list, coordinator: str, timeout_s: float) -> None:
     """Have every chip's actor (each with a ``join(coordinator, timeout_s)`` method) join
-    one ``jax.distributed`` group at ``coordinator``.
+    one ``jax.distributed`` group at ``coordinator``, and wait for them.
 
     Raises:
         DistributedStartError: naming the ranks that did not join in time.
     """
-    import ray
+    from workbench.engine.warm import issue_joins, wait_for_joins
 
-    joins = [actor.join.remote(coordinator, timeout_s) for actor in actors]
-    ready, _ = ray.wait(joins, num_returns=len(joins), timeout=timeout_s + 30)
-    missing = [rank for rank, ref in enumerate(joins) if ref not in ready]
-    if missing:
-        raise DistributedStartError(
-            f"Learners of ranks {missing} (of {len(joins)}) did not join the "
-            f"jax.distributed group at {coordinator} within {timeout_s:g} s. Check that "
-            "their hosts are alive (wb.list_slices()) and retry, or raise "
-            "distributed_timeout_s."
-        )
-    ray.get(joins)
+    wait_for_joins(issue_joins(actors, coordinator, timeout_s), timeout_s)

@@ -64,6 +64,8 @@ class _Run:
         self.env_steps_redone = 0
         self.recovery_s = 0.0
         self.startup_s = 0.0
+        self.startup_profile: dict = {}
+        self.ended_cleanly = False
         self.loop_start: float | None = None
         self.seen = 0
         self.last_env_steps = 0
@@ -150,6 +152,7 @@ class _Run:
                 ray.get(self.board.seed.remote({**window, "update": self.seen}))
             ray.get(self.evaluator_ready)
             self.startup_s = time.monotonic() - self.started
+            self.startup_profile = {**self.attempt.profile, "warm": self.attempt.warm}
         self.attempt.launch()
         self.loop_start = self.loop_start or time.time()
         self._watch()
@@ -298,6 +301,7 @@ class _Run:
             recovery_s=round(self.recovery_s, 3),
             rollout_actors_replaced=max(o["rollouts_replaced"] for o in outcomes),
             helpers_replaced=self.helpers_replaced,
+            startup_profile=self.startup_profile,
             chip_state_digests=digests,
             curve=rows,
             params=outcomes[0]["params"],
@@ -310,13 +314,14 @@ class _Run:
             for evaluation in summary["evals"][len(self.evals):]:
                 self.tracker.log_eval(evaluation)
             self.tracker.log_result({k: v for k, v in result.to_json().items() if k != "curve"})
+        self.ended_cleanly = True
         return result
 
     def close(self) -> None:
         if self.tracker is not None:
             self.tracker.close()
         if self.attempt is not None:
-            self.attempt.kill()
+            self.attempt.kill(keep_learners=self.ended_cleanly)
         kill_and_wait([h for h in (self.evaluator, self.board) if h is not None])
 
 

@@ -57,6 +57,10 @@ class TrainResult:
     """Rollout actors that died and were replaced (their batch in flight was lost)."""
     helpers_replaced: int = 0
     """Metrics boards and evaluators that were lost and replaced."""
+    startup_profile: dict = field(default_factory=dict)
+    """Where the start-up went: seconds from the attempt's start until the learners had
+    joined (``learners_joined_s``), were set up (``learners_set_up_s``) and had compiled
+    (``compiled_s``), and whether they were kept warm from an earlier run (``warm``)."""
     chip_state_digests: list[str] = field(default_factory=list)
     """SHA-256 of each chip's learner state at the end; all equal."""
     curve: list[dict] = field(default_factory=list)

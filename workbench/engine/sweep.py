@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench.engine import warm
 from workbench.engine.attempt import CPU_ONLY, join_group, remote
 from workbench.engine.cluster_state import head_node_affinity, kill_and_wait
 from workbench.engine.config import TrainConfig
@@ -435,6 +436,8 @@ class _SweepRun:
         setup = _trials_setup(group)
         config = group.trials[0].point.config
         tpu_slice = self.slice
+        # The chips' TPU resource must be free for the programs' actors.
+        warm.stop(tpu_slice)
         Chip = remote(TrialsActor, num_cpus=1, resources={"TPU": 1}, max_concurrency=2)
         actors = [Chip.options(scheduling_strategy=tpu_slice.scheduling(chip.rank),
                                name=f"{tpu_slice.name}:sweep-{chip.rank}").remote(

@@ -11,6 +11,7 @@ import logging
 import math
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -116,13 +117,31 @@ class Slice:
     (notebook kernel) dies, since it shares the driver's fate.
     """
 
-    def __init__(self, shape: SliceShape, handle, cpus_per_chip: float) -> None:
+    def __init__(self, shape: SliceShape, handle, cpus_per_chip: float,
+                 keep_learners: bool = False) -> None:
         self.shape = shape
         self.cpus_per_chip = cpus_per_chip
+        self.keep_learners = keep_learners
+        """Whether runs may keep their learner processes on the slice between runs."""
         self._handle = handle
+        self._release_hooks: dict[str, Callable[[], None]] = {}
         self._released = False
         self._finalizer = weakref.finalize(self, handle.shutdown)
         _held.add(self)
+
+    def on_release(self, name: str, hook: Callable[[], None]) -> None:
+        """Call ``hook`` once when this reservation is given back (released, or replaced by
+        :meth:`recover`); a later hook of the same ``name`` replaces an earlier one. Used
+        by the layers above to stop what they keep on the slice."""
+        self._release_hooks[name] = hook
+
+    def _run_release_hooks(self) -> None:
+        hooks, self._release_hooks = self._release_hooks, {}
+        for name, hook in hooks.items():
+            try:
+                hook()
+            except Exception:  # the rest of the release must still happen
+                log.warning("stopping the slice's %s failed", name, exc_info=True)
 
     @property
     def placement_group(self):
@@ -206,9 +225,11 @@ class Slice:
         """
         if self._released:
             raise ValueError("This slice has been released; reserve a new one instead.")
+        self._run_release_hooks()
         self._finalizer()
         try:
-            fresh = reserve(self.shape, timeout_s=timeout_s, cpus_per_chip=self.cpus_per_chip)
+            fresh = reserve(self.shape, timeout_s=timeout_s, cpus_per_chip=self.cpus_per_chip,
+                            keep_learners=self.keep_learners)
         except BaseException:
             self._released = True
             _held.discard(self)
@@ -230,6 +251,7 @@ class Slice:
         self._released = True
         _held.discard(self)
         if ray.is_initialized():
+            self._run_release_hooks()
             self._finalizer()
         else:
             # Disconnected (or the cluster is gone): Ray already removed the placement
@@ -318,6 +340,7 @@ def reserve(
     *,
     timeout_s: float = 60.0,
     cpus_per_chip: float = 1.0,
+    keep_learners: bool | None = None,
 ) -> Slice:
     """Reserve a whole TPU slice: one bundle of ``{"TPU": 1, "CPU": cpus_per_chip}`` per
     chip, on all hosts of one slice, or nothing.
@@ -328,6 +351,11 @@ def reserve(
         topology: a valid topology of that generation, e.g. ``4x4`` or ``2x2x1``.
         timeout_s: how long to wait for an intact, free slice.
         cpus_per_chip: host CPUs reserved with each chip, for its learner and rollout actors.
+        keep_learners: let runs keep their learner processes (one per chip, holding the
+            chip's ``TPU`` resource while idle) between runs on this slice, so that the
+            next run skips their start-up; release stops them. ``None``: on for the
+            simulated cluster, off on any other (a shared cluster's chips are not held
+            idle unless asked).
 
     Returns:
         The reserved :class:`Slice`.
@@ -347,6 +375,9 @@ def reserve(
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not numeric or not math.isfinite(value) or value <= 0:
             raise ValueError(f"{label} must be a positive number of {unit}, got {value!r}.")
+    if keep_learners is not None and not isinstance(keep_learners, bool):
+        raise ValueError(f"keep_learners must be True, False or None (the cluster's "
+                         f"default), got {keep_learners!r}.")
     if not ray.is_initialized():
         raise SliceUnavailableError(
             "Not connected to a Ray cluster: call wb.connect(address) for an existing "
@@ -382,4 +413,9 @@ def reserve(
     # NOTE: the head placement group is kept until release, not dropped as soon as the
     # bundles are placed: while it holds the slice's head resource, no other reservation
     # can pick this slice's name and then wait on chips that will never free up.
-    return Slice(shape, handle, cpus_per_chip)
+    if keep_learners is None:
+        from workbench.tpu.cluster import connection
+
+        current = connection()
+        keep_learners = bool(current is not None and current.simulated)
+    return Slice(shape, handle, cpus_per_chip, bool(keep_learners))

@@ -15,6 +15,7 @@ import time
 
 import ipywidgets as widgets
 
+from workbench.engine.warm import start_learners
 from workbench.tpu.catalog import (
     CatalogError,
     SliceShape,
@@ -214,12 +215,18 @@ class SlicePicker(widgets.VBox):
             started = time.monotonic()
             held = reserve(shape.generation.name, shape.topology, timeout_s=self.timeout_s,
                            cpus_per_chip=self.cpus_per_chip)
-            self._slice = held
+            warming = ""
+            if held.keep_learners:
+                # The next cell's training then finds its learners started and joined.
+                start_learners(held)
+                warming = " Its learners are starting in the background."
             self._set_status(
                 "ok",
                 f"Reserved {shape.label} slice {held.name}: {held.num_hosts} host(s) x "
-                f"{shape.chips_per_host} chip(s), in {time.monotonic() - started:.1f} s.",
+                f"{shape.chips_per_host} chip(s), in {time.monotonic() - started:.1f} s."
+                + warming,
             )
+            self._slice = held
             return held
         except USER_ERRORS as error:
             self._set_status("error", str(error))

@@ -1,0 +1,188 @@
+"""Learner processes kept warm on a reserved slice.
+
+Starting a chip's learner costs a process, JAX's import and the ``jax.distributed`` join:
+tens of seconds on a small machine, most of a short run's start-up. A slice reserved with
+``keep_learners`` therefore keeps its learners after a run that ended cleanly (or has them
+started in the background right after its reservation, :func:`start_learners`), and the
+next run on it sets them up afresh instead of starting new ones; each run's ``setup``
+replaces every piece of per-run state a learner holds. They are stopped when the slice is
+released or recovered, when one of them is found dead, and before anything else needs the
+chips' TPU resource (a sweep's programs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import weakref
+from dataclasses import dataclass, field
+
+from workbench.engine.cluster_state import kill_and_wait
+from workbench.learn.platform import DistributedStartError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LearnerGroup:
+    """One learner per chip of a slice, joined (or joining) into one jax.distributed group."""
+
+    learners: list
+    placement_group_id: str
+    platform_ref: object
+    join_refs: list = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    platform: str | None = None
+
+    def wait_joined(self, timeout_s: float) -> str:
+        """Block until every learner has joined; returns the learners' JAX platform.
+
+        Raises:
+            DistributedStartError: naming the ranks that did not join in time.
+        """
+        import ray
+
+        if self.join_refs:
+            wait_for_joins(self.join_refs, timeout_s)
+            self.join_refs = []
+        if self.platform is None:
+            self.platform = ray.get(self.platform_ref, timeout=60)
+        return self.platform
+
+    def kill(self) -> None:
+        kill_and_wait(self.learners)
+
+
+def start_group(tpu_slice, name_prefix: str, distributed_timeout_s: float) -> LearnerGroup:
+    """Start a learner on every chip of ``tpu_slice`` and have them join, without waiting
+    for either: the caller overlaps the rest of its start-up with theirs."""
+    from workbench.engine.actors import ChipLearnerActor
+    from workbench.engine.attempt import remote
+
+    Learner = remote(ChipLearnerActor, num_cpus=1, resources={"TPU": 1}, max_concurrency=2)
+    learners = [
+        Learner.options(
+            scheduling_strategy=tpu_slice.scheduling(chip.rank),
+            name=f"{name_prefix}:learner-{chip.rank}",
+        ).remote(chip.rank, tpu_slice.num_chips)
+        for chip in tpu_slice.chips
+    ]
+    # Rank 0's address goes to the joins as a reference: nothing here waits for a process.
+    coordinator = learners[0].coordinator_address.remote()
+    return LearnerGroup(learners, _placement_group_id(tpu_slice), learners[0].platform.remote(),
+                        issue_joins(learners, coordinator, distributed_timeout_s))
+
+
+def issue_joins(actors: list, coordinator, timeout_s: float) -> list:
+    """Ask every chip's actor (each with a ``join(coordinator, timeout_s)`` method) to join
+    one ``jax.distributed`` group at ``coordinator`` (an address, or a reference to one);
+    returns the calls' refs."""
+    return [actor.join.remote(coordinator, timeout_s) for actor in actors]
+
+
+def wait_for_joins(joins: list, timeout_s: float) -> None:
+    """Wait for the joins :func:`issue_joins` asked for.
+
+    Raises:
+        DistributedStartError: naming the ranks that did not join in time.
+    """
+    import ray
+
+    ready, _ = ray.wait(joins, num_returns=len(joins), timeout=timeout_s + 30)
+    missing = [rank for rank, ref in enumerate(joins) if ref not in ready]
+    if missing:
+        raise DistributedStartError(
+            f"Learners of ranks {missing} (of {len(joins)}) did not join their "
+            f"jax.distributed group within {timeout_s:g} s. Check that their hosts are "
+            "alive (wb.list_slices()) and retry, or raise distributed_timeout_s."
+        )
+    ray.get(joins)
+
+
+# The groups kept between runs, by slice. Weak: a slice nobody holds is released by its
+# own finalizer, which kills its placement group and the learners in it.
+_kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def start_learners(tpu_slice, distributed_timeout_s: float = 120.0) -> None:
+    """Start ``tpu_slice``'s learners now, in the background, for its next run.
+
+    Use it right after reserving (the notebook's slice picker does, on the simulated
+    cluster): the learners start, import JAX and join while the next cell is written, and
+    that cell's :func:`~workbench.train` skips all of it. The learners hold each chip's
+    ``TPU`` resource while idle; :meth:`~workbench.Slice.release` stops them.
+
+    Raises:
+        ValueError: the slice is released.
+    """
+    if tpu_slice.released:
+        raise ValueError("This slice has been released; reserve a new one first.")
+    if tpu_slice in _kept:
+        return
+    group = start_group(tpu_slice, f"{tpu_slice.name}:a0", distributed_timeout_s)
+    _keep(tpu_slice, group)
+
+
+def take(tpu_slice) -> LearnerGroup | None:
+    """The slice's kept learners for a new run (they are no longer kept meanwhile), or
+    ``None`` when it has none that still answer."""
+    import ray
+
+    group = _kept.pop(tpu_slice, None)
+    if group is None:
+        return None
+    if tpu_slice.released or group.placement_group_id != _placement_group_id(tpu_slice):
+        group.kill()
+        return None
+    pings = [learner.__ray_ready__.remote() for learner in group.learners]
+    ready, _ = ray.wait(pings, num_returns=len(pings), timeout=30)
+    try:
+        if len(ready) < len(pings):
+            raise TimeoutError("a kept learner did not answer")
+        ray.get(pings)
+    except Exception as error:
+        log.info("kept learners are not usable (%s); starting new ones", error)
+        group.kill()
+        return None
+    return group
+
+
+def keep(tpu_slice, group: LearnerGroup) -> bool:
+    """Keep a finished run's learners on the slice for the next run, if the slice asks for
+    that; otherwise (or if they cannot be cleared) stop them. Returns whether kept."""
+    import ray
+
+    if not getattr(tpu_slice, "keep_learners", False) or tpu_slice.released:
+        group.kill()
+        return False
+    try:
+        ray.get([learner.clear.remote() for learner in group.learners], timeout=30)
+    except Exception as error:
+        log.info("could not clear the run's learners (%s); stopping them", error)
+        group.kill()
+        return False
+    _keep(tpu_slice, group)
+    return True
+
+
+def stop(tpu_slice) -> None:
+    """Stop the learners kept on ``tpu_slice`` (nothing if it keeps none)."""
+    group = _kept.pop(tpu_slice, None)
+    if group is not None:
+        with contextlib.suppress(Exception):
+            group.kill()
+
+
+def kept(tpu_slice) -> bool:
+    """Whether ``tpu_slice`` holds warm learners now."""
+    return tpu_slice in _kept
+
+
+def _keep(tpu_slice, group: LearnerGroup) -> None:
+    _kept[tpu_slice] = group
+    tpu_slice.on_release("warm learners", lambda: stop(tpu_slice))
+
+
+def _placement_group_id(tpu_slice) -> str:
+    return tpu_slice.placement_group.id.hex()
