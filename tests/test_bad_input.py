@@ -161,6 +161,8 @@ def test_reserving_without_a_cluster_says_how_to_get_one():
         ({"timeout_s": float("inf")}, "timeout_s must be a positive number of seconds, got inf"),
         ({"cpus_per_chip": 0}, "cpus_per_chip must be a positive number of CPUs"),
         ({"cpus_per_chip": -2}, "cpus_per_chip must be a positive number of CPUs"),
+        ({"keep_learners": "yes"}, "keep_learners must be True, False or None (the "
+                                   "cluster's default), got 'yes'."),
     ],
 )
 def test_bad_reserve_arguments_hold_nothing(cluster, options, expected):
