@@ -8,25 +8,16 @@ import logging
 import time
 
 from workbench.engine.actors import Checkpoints
-from workbench.engine.cluster_state import kill_and_wait, wait_until_dead
+from workbench.engine.cluster_state import CPU_ONLY, kill_and_wait, remote, wait_until_dead
 from workbench.engine.plan import RunPlan
 from workbench.engine.rollouts import RolloutKeeper
+from workbench.engine.warm import LearnerGroup, keep, start_group, take
 from workbench.learn import sync as sync_strategies
 
 log = logging.getLogger(__name__)
 
-# Rollout actors and evaluators never use a TPU: keep JAX on the CPU in their processes.
-CPU_ONLY = {"env_vars": {"JAX_PLATFORMS": "cpu"}}
-
-
 class ChipLost(RuntimeError):
     """A learner of the slice died (killed, or its host was lost)."""
-
-
-def remote(cls, **options):
-    import ray
-
-    return ray.remote(**options)(cls) if options else ray.remote(cls)
 
 
 class Attempt:
@@ -42,7 +33,7 @@ class Attempt:
         self.learners: list = []
         self.keeper = None
         self.number = number
-        self.group = None
+        self.group: LearnerGroup | None = None
         self.warm = False
         """Whether the learners were kept warm from an earlier run on the slice."""
         self.profile: dict[str, float] = {}
@@ -59,15 +50,13 @@ class Attempt:
         first resolves it from the learners' platform."""
         import ray
 
-        from workbench.engine import warm
-
         started = time.monotonic()
         tpu_slice, config = self.slice, self.plan.config
         num_chips = tpu_slice.num_chips
-        self.group = warm.take(tpu_slice) if self.number == 0 else None
+        self.group = take(tpu_slice) if self.number == 0 else None
         self.warm = self.group is not None
         if self.group is None:
-            self.group = warm.start_group(tpu_slice, self.prefix, distributed_timeout_s)
+            self.group = start_group(tpu_slice, self.prefix, distributed_timeout_s)
         self.learners = self.group.learners
         feeds = self._start_rollouts()
         platform = self.group.wait_joined(distributed_timeout_s)
@@ -197,25 +186,12 @@ class Attempt:
         the learners stay on the slice for its next run if the slice keeps them."""
         import ray
 
-        from workbench.engine import warm
-
         rollout_ids: list[str] = []
         if self.keeper is not None:
             with contextlib.suppress(Exception):
                 rollout_ids = ray.get(self.keeper.stop_all.remote(), timeout=10)
         learners = list(self.learners)
-        if keep_learners and self.group is not None and warm.keep(self.slice, self.group):
+        if keep_learners and self.group is not None and keep(self.slice, self.group):
             learners = []
         kill_and_wait(learners + ([self.keeper] if self.keeper else []), rollout_ids)
 
-
-def join_group(actors: list, coordinator: str, timeout_s: float) -> None:
-    """Have every chip's actor (each with a ``join(coordinator, timeout_s)`` method) join
-    one ``jax.distributed`` group at ``coordinator``, and wait for them.
-
-    Raises:
-        DistributedStartError: naming the ranks that did not join in time.
-    """
-    from workbench.engine.warm import issue_joins, wait_for_joins
-
-    wait_for_joins(issue_joins(actors, coordinator, timeout_s), timeout_s)

@@ -13,6 +13,17 @@ from collections.abc import Iterable
 
 log = logging.getLogger(__name__)
 
+# Rollout actors, evaluators and boards never use a TPU: keep JAX on the CPU in their
+# processes.
+CPU_ONLY = {"env_vars": {"JAX_PLATFORMS": "cpu"}}
+
+
+def remote(cls, **options):
+    """``ray.remote`` of ``cls`` with ``options``, imported only when a run places actors."""
+    import ray
+
+    return ray.remote(**options)(cls) if options else ray.remote(cls)
+
 
 def _actor_states(actor_ids: list[str]) -> dict[str, str]:
     from ray._private.state import actors

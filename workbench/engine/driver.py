@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from workbench.engine.attempt import CPU_ONLY, Attempt, ChipLost, remote
-from workbench.engine.cluster_state import head_node_affinity, kill_and_wait
+from workbench.engine.attempt import Attempt, ChipLost
+from workbench.engine.cluster_state import CPU_ONLY, head_node_affinity, kill_and_wait, remote
 from workbench.engine.config import TrainConfig
 from workbench.engine.metrics import MetricsBoard
 from workbench.engine.plan import RunPlan, check_slice, plan_run, slice_record

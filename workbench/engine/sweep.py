@@ -25,9 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from workbench.engine import warm
-from workbench.engine.attempt import CPU_ONLY, join_group, remote
-from workbench.engine.cluster_state import head_node_affinity, kill_and_wait
+from workbench.engine.chip_group import issue_joins, start_chip_actors, wait_for_joins
+from workbench.engine.cluster_state import CPU_ONLY, head_node_affinity, kill_and_wait, remote
 from workbench.engine.config import TrainConfig
 from workbench.engine.fields import ConfigError
 from workbench.engine.metrics import MetricsLog, UpdateRecord
@@ -41,6 +40,7 @@ from workbench.engine.sweep_plan import (
     parse_seeds,
     trials_of,
 )
+from workbench.engine.warm import stop_kept_learners
 
 log = logging.getLogger(__name__)
 
@@ -437,17 +437,14 @@ class _SweepRun:
         config = group.trials[0].point.config
         tpu_slice = self.slice
         # The chips' TPU resource must be free for the programs' actors.
-        warm.stop(tpu_slice)
-        Chip = remote(TrialsActor, num_cpus=1, resources={"TPU": 1}, max_concurrency=2)
-        actors = [Chip.options(scheduling_strategy=tpu_slice.scheduling(chip.rank),
-                               name=f"{tpu_slice.name}:sweep-{chip.rank}").remote(
-                      chip.rank, tpu_slice.num_chips) for chip in tpu_slice.chips]
+        stop_kept_learners(tpu_slice)
+        actors = start_chip_actors(tpu_slice, TrialsActor, f"{tpu_slice.name}:sweep")
         # One thread: each chip's records are taken in the order it sent them.
         board = remote(SweepBoard, num_cpus=0, runtime_env=CPU_ONLY).options(
             scheduling_strategy=head_node_affinity()).remote()
         try:
-            coordinator = ray.get(actors[0].coordinator_address.remote(), timeout=120)
-            join_group(actors, coordinator, self.distributed_timeout_s)
+            wait_for_joins(issue_joins(actors, self.distributed_timeout_s),
+                           self.distributed_timeout_s)
             ray.get([a.setup.remote(setup) for a in actors], timeout=900)
             if not self.startup_s:
                 self.startup_s = time.monotonic() - self.started

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from workbench.engine.actors import ChipLearnerActor
+from workbench.engine.chip_group import issue_joins, start_chip_actors, wait_for_joins
 from workbench.engine.cluster_state import kill_and_wait
-from workbench.learn.platform import DistributedStartError
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,7 @@ class LearnerGroup:
     learners: list
     placement_group_id: str
     platform_ref: object
-    join_refs: list = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
+    join_refs: list
     platform: str | None = None
 
     def wait_joined(self, timeout_s: float) -> str:
@@ -57,47 +56,9 @@ class LearnerGroup:
 def start_group(tpu_slice, name_prefix: str, distributed_timeout_s: float) -> LearnerGroup:
     """Start a learner on every chip of ``tpu_slice`` and have them join, without waiting
     for either: the caller overlaps the rest of its start-up with theirs."""
-    from workbench.engine.actors import ChipLearnerActor
-    from workbench.engine.attempt import remote
-
-    Learner = remote(ChipLearnerActor, num_cpus=1, resources={"TPU": 1}, max_concurrency=2)
-    learners = [
-        Learner.options(
-            scheduling_strategy=tpu_slice.scheduling(chip.rank),
-            name=f"{name_prefix}:learner-{chip.rank}",
-        ).remote(chip.rank, tpu_slice.num_chips)
-        for chip in tpu_slice.chips
-    ]
-    # Rank 0's address goes to the joins as a reference: nothing here waits for a process.
-    coordinator = learners[0].coordinator_address.remote()
+    learners = start_chip_actors(tpu_slice, ChipLearnerActor, f"{name_prefix}:learner")
     return LearnerGroup(learners, _placement_group_id(tpu_slice), learners[0].platform.remote(),
-                        issue_joins(learners, coordinator, distributed_timeout_s))
-
-
-def issue_joins(actors: list, coordinator, timeout_s: float) -> list:
-    """Ask every chip's actor (each with a ``join(coordinator, timeout_s)`` method) to join
-    one ``jax.distributed`` group at ``coordinator`` (an address, or a reference to one);
-    returns the calls' refs."""
-    return [actor.join.remote(coordinator, timeout_s) for actor in actors]
-
-
-def wait_for_joins(joins: list, timeout_s: float) -> None:
-    """Wait for the joins :func:`issue_joins` asked for.
-
-    Raises:
-        DistributedStartError: naming the ranks that did not join in time.
-    """
-    import ray
-
-    ready, _ = ray.wait(joins, num_returns=len(joins), timeout=timeout_s + 30)
-    missing = [rank for rank, ref in enumerate(joins) if ref not in ready]
-    if missing:
-        raise DistributedStartError(
-            f"Learners of ranks {missing} (of {len(joins)}) did not join their "
-            f"jax.distributed group within {timeout_s:g} s. Check that their hosts are "
-            "alive (wb.list_slices()) and retry, or raise distributed_timeout_s."
-        )
-    ray.get(joins)
+                        issue_joins(learners, distributed_timeout_s))
 
 
 # The groups kept between runs, by slice. Weak: a slice nobody holds is released by its
@@ -153,7 +114,7 @@ def keep(tpu_slice, group: LearnerGroup) -> bool:
     that; otherwise (or if they cannot be cleared) stop them. Returns whether kept."""
     import ray
 
-    if not getattr(tpu_slice, "keep_learners", False) or tpu_slice.released:
+    if not tpu_slice.keep_learners or tpu_slice.released:
         group.kill()
         return False
     try:
@@ -166,7 +127,7 @@ def keep(tpu_slice, group: LearnerGroup) -> bool:
     return True
 
 
-def stop(tpu_slice) -> None:
+def stop_kept_learners(tpu_slice) -> None:
     """Stop the learners kept on ``tpu_slice`` (nothing if it keeps none)."""
     group = _kept.pop(tpu_slice, None)
     if group is not None:
@@ -174,14 +135,9 @@ def stop(tpu_slice) -> None:
             group.kill()
 
 
-def kept(tpu_slice) -> bool:
-    """Whether ``tpu_slice`` holds warm learners now."""
-    return tpu_slice in _kept
-
-
 def _keep(tpu_slice, group: LearnerGroup) -> None:
     _kept[tpu_slice] = group
-    tpu_slice.on_release("warm learners", lambda: stop(tpu_slice))
+    tpu_slice.on_release("warm learners", lambda: stop_kept_learners(tpu_slice))
 
 
 def _placement_group_id(tpu_slice) -> str:
