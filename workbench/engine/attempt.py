@@ -8,6 +8,7 @@ import logging
 import time
 
 from workbench.engine.actors import Checkpoints
+from workbench.engine.chip_group import attempt_prefix
 from workbench.engine.cluster_state import CPU_ONLY, kill_and_wait, remote, wait_until_dead
 from workbench.engine.plan import RunPlan
 from workbench.engine.rollouts import RolloutKeeper
@@ -26,7 +27,7 @@ class Attempt:
     def __init__(self, tpu_slice, plan: RunPlan, board, number: int) -> None:
         # Actors are named "<slice>:a<attempt>:learner-<rank>" and "...:rollout-<i>" so
         # that a person (or a fault test) can find them with ray.get_actor.
-        self.prefix = f"{tpu_slice.name}:a{number}"
+        self.prefix = attempt_prefix(tpu_slice, number)
         self.slice = tpu_slice
         self.plan = plan
         self.board = board
@@ -56,7 +57,7 @@ class Attempt:
         self.group = take(tpu_slice) if self.number == 0 else None
         self.warm = self.group is not None
         if self.group is None:
-            self.group = start_group(tpu_slice, self.prefix, distributed_timeout_s)
+            self.group = start_group(tpu_slice, self.number, distributed_timeout_s)
         self.learners = self.group.learners
         feeds = self._start_rollouts()
         platform = self.group.wait_joined(distributed_timeout_s)

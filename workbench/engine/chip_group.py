@@ -7,6 +7,12 @@ from workbench.engine.cluster_state import remote
 from workbench.learn.platform import DistributedStartError
 
 
+def attempt_prefix(tpu_slice, attempt: int) -> str:
+    """How the actors of a run's attempt on ``tpu_slice`` are named: ``<slice>:a<attempt>``,
+    then ``:learner-<rank>``, ``:rollout-<i>``."""
+    return f"{tpu_slice.name}:a{attempt}"
+
+
 def start_chip_actors(tpu_slice, actor_class, name: str) -> list:
     """Start ``actor_class(rank, num_chips)`` in every chip's bundle, one CPU and the chip's
     ``TPU`` each, named ``<name>-<rank>`` (a person or a fault test finds them with

@@ -18,7 +18,12 @@ import weakref
 from dataclasses import dataclass
 
 from workbench.engine.actors import ChipLearnerActor
-from workbench.engine.chip_group import issue_joins, start_chip_actors, wait_for_joins
+from workbench.engine.chip_group import (
+    attempt_prefix,
+    issue_joins,
+    start_chip_actors,
+    wait_for_joins,
+)
 from workbench.engine.cluster_state import kill_and_wait
 
 log = logging.getLogger(__name__)
@@ -53,10 +58,12 @@ class LearnerGroup:
         kill_and_wait(self.learners)
 
 
-def start_group(tpu_slice, name_prefix: str, distributed_timeout_s: float) -> LearnerGroup:
-    """Start a learner on every chip of ``tpu_slice`` and have them join, without waiting
-    for either: the caller overlaps the rest of its start-up with theirs."""
-    learners = start_chip_actors(tpu_slice, ChipLearnerActor, f"{name_prefix}:learner")
+def start_group(tpu_slice, attempt: int, distributed_timeout_s: float) -> LearnerGroup:
+    """Start a learner on every chip of ``tpu_slice`` for a run's ``attempt`` and have them
+    join, without waiting for either: the caller overlaps the rest of its start-up with
+    theirs."""
+    learners = start_chip_actors(tpu_slice, ChipLearnerActor,
+                                 f"{attempt_prefix(tpu_slice, attempt)}:learner")
     return LearnerGroup(learners, _placement_group_id(tpu_slice), learners[0].platform.remote(),
                         issue_joins(learners, distributed_timeout_s))
 
@@ -81,7 +88,7 @@ def start_learners(tpu_slice, distributed_timeout_s: float = 120.0) -> None:
         raise ValueError("This slice has been released; reserve a new one first.")
     if tpu_slice in _kept:
         return
-    group = start_group(tpu_slice, f"{tpu_slice.name}:a0", distributed_timeout_s)
+    group = start_group(tpu_slice, 0, distributed_timeout_s)
     _keep(tpu_slice, group)
 
 
@@ -111,17 +118,15 @@ def take(tpu_slice) -> LearnerGroup | None:
 
 def keep(tpu_slice, group: LearnerGroup) -> bool:
     """Keep a finished run's learners on the slice for the next run, if the slice asks for
-    that; otherwise (or if they cannot be cleared) stop them. Returns whether kept."""
+    that and they could be cleared. Returns whether kept; if not, the caller stops them."""
     import ray
 
     if not tpu_slice.keep_learners or tpu_slice.released:
-        group.kill()
         return False
     try:
         ray.get([learner.clear.remote() for learner in group.learners], timeout=30)
     except Exception as error:
         log.info("could not clear the run's learners (%s); stopping them", error)
-        group.kill()
         return False
     _keep(tpu_slice, group)
     return True

@@ -417,5 +417,5 @@ def reserve(
         from workbench.tpu.cluster import connection
 
         current = connection()
-        keep_learners = bool(current is not None and current.simulated)
-    return Slice(shape, handle, cpus_per_chip, bool(keep_learners))
+        keep_learners = current is not None and current.simulated
+    return Slice(shape, handle, cpus_per_chip, keep_learners)
