@@ -50,3 +50,16 @@ def test_doctor_without_any_address_says_what_to_do(monkeypatch):
     )
     assert env_free.returncode == 1
     assert "No Ray cluster address" in env_free.stdout and "local_cluster" in env_free.stdout
+
+
+def test_a_command_reaches_the_simulated_cluster_by_its_loopback_address(cluster):
+    """A second process (a terminal beside the notebook that started the cluster) joins by
+    the address alone: it is known by the loopback address too, so Ray does not name it by
+    the machine's external IP, which a loopback cluster cannot reach."""
+    done = subprocess.run(
+        [sys.executable, "-m", "workbench.cli", "doctor", "--address", cluster.address],
+        capture_output=True, text=True, timeout=120,
+        env={k: v for k, v in __import__("os").environ.items() if k != "RAY_ADDRESS"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert "sim-v6e-16-0 (v6e 4x4" in done.stdout

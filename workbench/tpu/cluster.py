@@ -101,9 +101,10 @@ def connect(
     Args:
         address: ``host:port`` of a cluster's GCS, or ``ray://host:port`` for Ray Client.
             Defaults to the ``RAY_ADDRESS`` environment variable.
-        node_ip: the address this driver is known by; only needed for a cluster bound to
-            loopback, such as the simulated one (``127.0.0.1``: then Ray keeps this driver,
-            and the address, on loopback instead of swapping in the machine's external IP).
+        node_ip: the address this driver is known by. For a cluster bound to loopback,
+            such as the simulated one, it defaults to the address's own host (then Ray
+            keeps this driver, and the address, on loopback instead of swapping in the
+            machine's external IP); elsewhere Ray picks it.
         timeout_s: how long to wait for the address to answer before giving up.
 
     Returns:
@@ -136,6 +137,12 @@ def connect(
         )
     _check_reachable(host, port, timeout_s)
     kwargs: dict = {"logging_level": logging.WARNING, "log_to_driver": False}
+    client = address.startswith("ray://")
+    if node_ip is None and not client and host != "localhost" and _is_loopback(host):
+        # A cluster bound to loopback is on this machine and reachable only there: be
+        # known by the same address (else Ray names this driver by the machine's external
+        # IP, which such a cluster cannot reach, and ray.init waits for minutes).
+        node_ip = host
     if node_ip:
         kwargs["_node_ip_address"] = node_ip
     local_only = _is_loopback(host) and bool(node_ip) and _is_loopback(node_ip)
