@@ -43,16 +43,31 @@ def _cartpole(total_env_steps: int, **fields) -> TrainConfig:
                        total_env_steps=total_env_steps, eval_every=0, **fields)
 
 
-def measure_sweeps(tpu_slice, address: str, seeds: int, total_env_steps: int,
-                   sequential: int) -> dict:
+def measure_sweeps(tpu_slice, seeds: int, total_env_steps: int) -> dict:
+    """One seed, then ``seeds`` seeds, each as one sweep on ``tpu_slice``."""
     timings = {}
     results = {}
     for count in (1, seeds):
         started = time.monotonic()
         results[count] = sweep(tpu_slice, _cartpole(total_env_steps), seeds=count)
         timings[count] = time.monotonic() - started
-    # The peer: separate CLI runs, one seed each, on the same (already running) cluster.
-    tpu_slice.release()
+    many = results[seeds]
+    return {
+        "env_steps_per_trial": total_env_steps,
+        "one_seed_s": round(timings[1], 2),
+        "one_seed_reached_target": results[1].trials[0]["time_to_train_target_s"] is not None,
+        f"{seeds}_seeds_s": round(timings[seeds], 2),
+        f"{seeds}_seeds_vs_one_ratio": round(timings[seeds] / timings[1], 2),
+        f"{seeds}_seeds_reached_target": sum(t["time_to_train_target_s"] is not None
+                                             for t in many.trials),
+        "final_return_iqm": many.configs[0]["final_return"]["iqm"],
+    }
+
+
+def measure_one_by_one(address: str, seeds: int, total_env_steps: int, sequential: int,
+                       swept_s: float) -> dict:
+    """The peer: ``sequential`` seeds as separate CLI runs on the same running cluster
+    (what a user does without sweeps); fewer than ``seeds`` gives an estimate for all."""
     one_by_one = []
     with tempfile.TemporaryDirectory() as scratch:
         for seed in range(sequential):
@@ -61,24 +76,15 @@ def measure_sweeps(tpu_slice, address: str, seeds: int, total_env_steps: int,
                             "--env", "workbench/CartPole-v1", "--total-env-steps",
                             str(total_env_steps), "--eval-every", "0", "--seed", str(seed),
                             "--json", f"{scratch}/{seed}.json"], check=True,
-                           capture_output=True)
+                           capture_output=True, timeout=900)
             one_by_one.append(time.monotonic() - started)
-    many = results[seeds]
-    sequential_total = (sum(one_by_one) if sequential >= seeds
-                        else statistics.median(one_by_one) * seeds)
+    total = sum(one_by_one) if sequential >= seeds else statistics.median(one_by_one) * seeds
     return {
-        "env_steps_per_trial": total_env_steps,
-        "one_seed_s": round(timings[1], 2),
-        f"{seeds}_seeds_s": round(timings[seeds], 2),
-        f"{seeds}_seeds_vs_one_ratio": round(timings[seeds] / timings[1], 2),
-        f"{seeds}_seeds_reached_target": sum(t["time_to_train_target_s"] is not None
-                                             for t in many.trials),
-        "final_return_iqm": many.configs[0]["final_return"]["iqm"],
         "sequential_runs_measured": sequential,
         "sequential_run_median_s": _median(one_by_one),
-        f"sequential_{seeds}_seeds_s": round(sequential_total, 1),
+        f"sequential_{seeds}_seeds_s": round(total, 1),
         "sequential_is_estimate": sequential < seeds,
-        "sweep_speedup_vs_sequential": round(sequential_total / timings[seeds], 1),
+        "sweep_speedup_vs_sequential": round(total / swept_s, 1),
     }
 
 
@@ -107,23 +113,28 @@ def _post(url: str, payload: dict) -> dict:
 
 
 def measure_serving(run_dir: str, requests: int) -> dict:
+    import jax
+
     policy = wb.load(run_dir)
     act = policy.greedy_policy()
+    # The peer for a batch: the same greedy forward, jitted over 64 observations at once.
+    greedy, params = policy.agent.build().greedy, policy.params
+    act_batch = jax.jit(lambda batch: greedy(params, batch))
     rng = np.random.default_rng(0)
     singles = rng.normal(0, 0.1, size=(requests, 4)).astype(np.float32)
     batches = rng.normal(0, 0.1, size=(max(requests // 10, 5), 64, 4)).astype(np.float32)
 
     def timed(call, items) -> list[float]:
-        call(items[0])  # warm: compiled, connected
+        np.asarray(call(items[0]))  # warm: compiled, connected
         seconds = []
         for item in items:
             started = time.perf_counter()
-            call(item)
+            np.asarray(call(item))  # the answer on the host, as a served one is
             seconds.append(time.perf_counter() - started)
         return seconds
 
     peer_single = timed(act, singles)
-    peer_batch = timed(act, batches)
+    peer_batch = timed(lambda b: np.asarray(act_batch(b)), batches)
     with serve_policy(run_dir, max_batch_size=64) as server:
         served_single = timed(lambda o: _post(server.url, {"observation": o.tolist()}), singles)
         served_batch = timed(lambda b: _post(server.url, {"observations": b.tolist()}),
@@ -149,19 +160,38 @@ def main() -> None:
     parser.add_argument("--sequential", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--parts", default="sweep,tracking,serving",
+                        help="which parts to run, comma-separated")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     record = {"benchmark": "experiments", "slice": "v6e 2x2 (simulated)", "env":
               "workbench/CartPole-v1", "mode": "anakin"}
     with tempfile.TemporaryDirectory() as scratch, wb.local_cluster([("v6e", "2x2")]) as cluster:
         runs = Path(scratch)
-        tpu_slice = wb.reserve("v6e", "2x2", timeout_s=60)
-        record["sweep"] = measure_sweeps(tpu_slice, cluster.address, args.seeds,
-                                         args.total_env_steps, args.sequential)
+        if "sweep" in parts:
+            tpu_slice = wb.reserve("v6e", "2x2", timeout_s=60)
+            record["sweep"] = _partial("sweep", measure_sweeps(tpu_slice, args.seeds,
+                                                               args.total_env_steps))
+            tpu_slice.release()
+            record["sweep"].update(_partial("one_by_one", measure_one_by_one(
+                cluster.address, args.seeds, args.total_env_steps, args.sequential,
+                record["sweep"][f"{args.seeds}_seeds_s"])))
         with wb.reserve("v6e", "2x2", timeout_s=60) as tpu_slice:
-            record["tracking"] = measure_tracking(tpu_slice, args.total_env_steps,
-                                                  args.repeats, runs)
-        record["serving"] = measure_serving(str(runs / "off-0"), args.requests)
+            if "tracking" in parts:
+                record["tracking"] = _partial("tracking", measure_tracking(
+                    tpu_slice, args.total_env_steps, args.repeats, runs))
+            else:  # the served policy still needs a trained run
+                train(tpu_slice, _cartpole(args.total_env_steps, run_dir=str(runs / "off-0")))
+        if "serving" in parts:
+            record["serving"] = measure_serving(str(runs / "off-0"), args.requests)
     print(json.dumps(record, indent=1))
+
+
+def _partial(part: str, figures: dict) -> dict:
+    """Each part's figures go to stderr as soon as they exist: a long invocation that is
+    cut short still leaves what it measured."""
+    print(json.dumps({"part": part, **figures}), file=sys.stderr, flush=True)
+    return figures
 
 
 if __name__ == "__main__":
