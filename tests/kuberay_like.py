@@ -131,9 +131,12 @@ class KubeRayLikeCluster:
         for process in reversed(self.processes):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
+        # One deadline for all: a `ray start --block` that has not exited 10 s after its
+        # SIGTERM is killed with the rest below (a pod's SIGKILL after its grace period).
+        deadline = time.monotonic() + 10
         for process in self.processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(30)
+                process.wait(max(0.1, deadline - time.monotonic()))
         leftovers = []
         for pid in self.live_processes():
             with contextlib.suppress(psutil.NoSuchProcess):
