@@ -217,6 +217,38 @@ def test_a_served_policy_answers_good_requests_and_refuses_bad_ones(trained_cart
     assert leftover == [], "serving left actors behind"
 
 
+def test_replicas_on_chips_hold_one_chip_each_while_serving(trained_cartpole, two_by_two):
+    import time
+
+    import ray
+    from ray._private.state import actors
+
+    from workbench.engine.serving import serve_policy
+
+    # Refused before Serve starts: chips inside a held slice, or more chips than are free.
+    with pytest.raises(ValueError, match="keeps all of its chips in its placement group"):
+        serve_policy(trained_cartpole.run_dir, on_chip=True, tpu_slice=two_by_two)
+    free = ray.available_resources().get("TPU", 0)
+    with pytest.raises(ValueError, match=f"need {int(free) + 1} free chip"):
+        serve_policy(trained_cartpole.run_dir, on_chip=True, replicas=int(free) + 1)
+
+    act = wb.load(trained_cartpole.run_dir).greedy_policy()
+    observation = np.array([0.01, -0.02, 0.03, 0.0], np.float32)
+    tpu_hosts = {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("TPU")}
+    with serve_policy(trained_cartpole.run_dir, on_chip=True, replicas=2) as server:
+        assert ray.available_resources().get("TPU", 0) == free - 2  # one chip each
+        replica_nodes = {a["Address"]["NodeID"] for a in actors().values()
+                         if "ServeReplica" in a["ActorClassName"] and a["State"] == "ALIVE"}
+        assert replica_nodes and replica_nodes <= tpu_hosts
+        status, answer = _post(server.url, json.dumps({"observation":
+                                                       observation.tolist()}).encode())
+        assert status == 200 and answer["action"] == int(act(observation))
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("TPU", 0) < free:  # the chips come back
+        assert time.monotonic() < deadline, "the replicas kept their chips after shutdown"
+        time.sleep(0.5)
+
+
 def test_workbench_serve_answers_over_http_and_stops_cleanly_on_sigterm(trained_cartpole):
     """The command a user runs: its own local Ray, loopback HTTP, and SIGTERM (what a pod
     gets) ends it with the application and every process it started gone."""

@@ -457,7 +457,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     done = threading.Event()
     with join_or_start(getattr(args, "address", None), []) as session:
         server = serve_policy(args.run_dir, host=args.host, port=args.port,
-                              replicas=args.replicas, max_batch_size=args.max_batch_size)
+                              replicas=args.replicas, on_chip=args.on_chip,
+                              max_batch_size=args.max_batch_size)
         try:
             # Installed only now: ray.init puts its own SIGTERM handler in place.
             for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -564,6 +565,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                        help="where HTTP listens (default: loopback only)")
     serve.add_argument("--port", type=_whole(1), default=8000)
     serve.add_argument("--replicas", type=_whole(1), default=1)
+    serve.add_argument("--on-chip", action="store_true",
+                       help="each replica holds a free chip and runs the policy there")
     serve.add_argument("--max-batch-size", type=_whole(1), default=64,
                        help="single-observation requests joined into one forward pass")
     serve.set_defaults(func=cmd_serve)

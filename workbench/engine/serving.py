@@ -180,8 +180,9 @@ def check_serve_installed() -> None:
 
 
 def serve_policy(run_dir: str | Path, *, host: str = "127.0.0.1", port: int | None = None,
-                 replicas: int = 1, tpu_slice=None, max_batch_size: int = 64,
-                 batch_wait_timeout_s: float = 0.005) -> PolicyServer:
+                 replicas: int = 1, tpu_slice=None, on_chip: bool = False,
+                 max_batch_size: int = 64, batch_wait_timeout_s: float = 0.005
+                 ) -> PolicyServer:
     """Deploy the greedy policy of a trained run with Ray Serve on the connected cluster.
 
     Args:
@@ -189,7 +190,11 @@ def serve_policy(run_dir: str | Path, *, host: str = "127.0.0.1", port: int | No
         host: where HTTP listens (loopback by default).
         port: the HTTP port; a free one when None.
         replicas: how many replicas answer requests.
-        tpu_slice: a reserved slice whose hosts the replicas run on.
+        tpu_slice: a reserved slice whose hosts the replicas run on (on their CPUs: the
+            slice's chips stay in its placement group, for training).
+        on_chip: each replica holds one free chip (the ``TPU`` resource, so Ray gives its
+            process that chip alone) and runs the forward pass there; on the simulated
+            cluster the chip is a CPU device, as for the learners.
         max_batch_size: most single-observation requests joined into one forward pass.
         batch_wait_timeout_s: how long a replica waits to fill a batch.
 
@@ -211,8 +216,18 @@ def serve_policy(run_dir: str | Path, *, host: str = "127.0.0.1", port: int | No
             and math.isfinite(batch_wait_timeout_s) and batch_wait_timeout_s >= 0):
         raise ValueError(f"batch_wait_timeout_s must be a number >= 0, got "
                          f"{batch_wait_timeout_s!r}.")
+    if not isinstance(on_chip, bool):
+        raise ValueError(f"on_chip must be True or False, got {on_chip!r}.")
+    if on_chip and tpu_slice is not None:
+        raise ValueError(
+            "on_chip replicas each hold a free chip, and a reserved slice keeps all of its "
+            "chips in its placement group: serve on the slice's hosts (tpu_slice=..., "
+            "on_chip=False), or release the slice and serve on its chips (on_chip=True "
+            "without tpu_slice).")
     check_serve_installed()
     policy = load(run_dir)  # refuses a folder without a usable policy before Serve starts
+    if on_chip:
+        _check_free_chips(replicas)
     from ray import serve
 
     from workbench.tpu.ports import free_port
@@ -220,7 +235,11 @@ def serve_policy(run_dir: str | Path, *, host: str = "127.0.0.1", port: int | No
     port = port or free_port(host)
     actor_options: dict[str, Any] = {"num_cpus": 0,
                                      "runtime_env": {"env_vars": {"JAX_PLATFORMS": "cpu"}}}
-    if tpu_slice is not None:
+    if on_chip:
+        # The host decides the platform (a TPU host's JAX finds its chip; the simulated
+        # hosts say cpu), as for a learner.
+        actor_options = {"num_cpus": 0, "resources": {"TPU": 1}}
+    elif tpu_slice is not None:
         # On the slice's hosts, beside (not inside) its bundles, which the chips hold.
         actor_options["label_selector"] = {"ray.io/tpu-slice-name": tpu_slice.name}
     serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": port})
@@ -233,3 +252,16 @@ def serve_policy(run_dir: str | Path, *, host: str = "127.0.0.1", port: int | No
         raise
     return PolicyServer(f"http://{host}:{port}/", policy.env, tuple(policy.spaces.obs_shape),
                         replicas)
+
+
+def _check_free_chips(replicas: int) -> None:
+    """Refuse, before Serve starts, replicas on chips the cluster does not have free: the
+    deployment would wait for them forever."""
+    import ray
+
+    free = ray.available_resources().get("TPU", 0)
+    if free < replicas:
+        raise ValueError(
+            f"{replicas} replica(s) on a chip each need {replicas} free chip(s); the cluster "
+            f"has {free:g} free (wb.list_slices() shows which slices are in use). Release a "
+            "slice, ask for fewer replicas, or serve on CPUs without on_chip.")
