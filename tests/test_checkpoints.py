@@ -162,7 +162,8 @@ def _watch_stderr(process, lines: list[str]) -> threading.Thread:
     return thread
 
 
-def test_sigterm_to_the_cli_stops_with_a_checkpoint_the_run_resumes_from(tmp_path):
+def test_sigterm_to_the_cli_stops_with_a_checkpoint_the_run_resumes_from(tmp_path,
+                                                                         sim_cluster):
     """What GKE does to a pod it evicts: SIGTERM, then SIGKILL 30 s later."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["TMPDIR"] = str(tmp_path)
@@ -195,9 +196,11 @@ def test_sigterm_to_the_cli_stops_with_a_checkpoint_the_run_resumes_from(tmp_pat
     assert step is not None and step >= 1
     _gone, alive = psutil.wait_procs(started, timeout=15)
     assert alive == [], [p.pid for p in alive]
-    # The run goes on from there.
+    # The run goes on from there, here on a cluster that is already running (joined by its
+    # address, as from a terminal beside a notebook).
     resumed = subprocess.run([*command[:-4], "--total-env-steps", str((step + 2) * 4096),
                               "--eval-every", "0", "--run-dir", str(run_dir), "--resume",
+                              "--address", sim_cluster.address,
                               "--json", str(tmp_path / "resumed.json")],
                              capture_output=True, text=True, timeout=300, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
