@@ -4,12 +4,39 @@ same), no resets inside ``step``."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from workbench.envs.gymnax_family import _import
+
+
+@contextlib.contextmanager
+def _local_device_first():
+    """Let ``jax.devices()[0]`` be this process's own device while brax builds its system.
+
+    NOTE: MuJoCo's ``mjx.put_model``, which brax's loader calls without a device, puts the
+    model on ``jax.devices()[0]``: in a slice's ``jax.distributed`` group that is rank 0's
+    chip, which the other ranks cannot address, and their compile then fails on a closed-
+    over array ("spans non-addressable devices"). Nothing else runs JAX in a learner while
+    its environment is built.
+    """
+    import jax
+
+    devices = jax.devices
+    local = jax.local_devices()
+
+    def local_first(*args, **kwargs):
+        found = devices(*args, **kwargs)
+        return [d for d in found if d in local] + [d for d in found if d not in local]
+
+    jax.devices = local_first
+    try:
+        yield
+    finally:
+        jax.devices = devices
 
 
 class BraxState(NamedTuple):
@@ -35,7 +62,9 @@ class BraxEnv:
         if not isinstance(self.episode_length, int) or self.episode_length < 1:
             raise ValueError(f"episode_length must be a positive whole number, got "
                              f"{self.episode_length!r}.")
-        object.__setattr__(self, "_env", envs.get_environment(self.name, backend=self.backend))
+        with _local_device_first():
+            env = envs.get_environment(self.name, backend=self.backend)
+        object.__setattr__(self, "_env", env)
 
     @property
     def id(self) -> str:
