@@ -185,6 +185,7 @@ def run_worker(kind: str, seed: int, options: list[str], timeout_s: float, log_d
     out = log_dir / f"{kind}-seed{seed}.json"
     command = [sys.executable, str(script or Path(__file__).resolve()), "--worker", kind,
                "--seed", str(seed), "--out", str(out), *options]
+    out.unlink(missing_ok=True)  # an earlier pair's record must not stand in for this run
     failed_startup_s = 0.0
     for attempt in range(1, startup_retries + 2):
         log_path = log_dir / f"{kind}-seed{seed}-attempt{attempt}.log"
@@ -193,8 +194,8 @@ def run_worker(kind: str, seed: int, options: list[str], timeout_s: float, log_d
         if returncode != EXIT_STARTUP_FAILED:
             break
         failed_startup_s += time.monotonic() - started
-    record: Record = json.loads(out.read_text()) if out.exists() else {}
-    if returncode != 0 or not record:
+    record: Record = json.loads(out.read_text()) if out.exists() and returncode == 0 else {}
+    if not record:
         tail = log_path.read_text()[-3000:]
         record["error"] = f"worker exited with {returncode}; log {log_path}:\n{tail}"
     record.update(
