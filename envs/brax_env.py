@@ -76,6 +76,10 @@ class BraxEnv:
 
     num_actions = 0
 
+    chip_typed = False
+    """brax's constraint solver (jaxopt) has a ``cond`` whose branches JAX's per-chip
+    typing in ``shard_map`` rejects, so Anakin mode compiles it without that check."""
+
     @property
     def action_shape(self) -> tuple[int, ...]:
         return (int(self._env.action_size),)

@@ -90,8 +90,10 @@ def test_continuous_actions_and_brax_on_the_slice(two_by_two):
     _one_state(result)
     # brax across the slice's processes: its loader puts the model on jax.devices()[0],
     # which only rank 0 can address, unless the adapter keeps it on each rank's own chip.
+    # Gradient sync: the mode whose per-chip typing brax's solver does not pass.
     result = train(two_by_two, TrainConfig(
-        env="brax:inverted_pendulum", mode="anakin", envs_per_chip=8, rollout_length=32,
+        env="brax:inverted_pendulum", mode="anakin", sync="gradients", envs_per_chip=8,
+        rollout_length=32,
         total_env_steps=3 * 4 * 8 * 32, eval_every=0, eval_episodes=2,
         env_kwargs={"episode_length": 100},
         algo_config=PPOConfig(normalize_observations=True)))
