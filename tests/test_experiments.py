@@ -217,6 +217,23 @@ def test_a_served_policy_answers_good_requests_and_refuses_bad_ones(trained_cart
     assert leftover == [], "serving left actors behind"
 
 
+def _settled_free_chips() -> float:
+    """The cluster's free TPU count once it stops changing (a slice released by an earlier
+    test hands its chips back a moment later)."""
+    import time
+
+    import ray
+
+    last = ray.available_resources().get("TPU", 0)
+    for _ in range(20):
+        time.sleep(0.5)
+        now = ray.available_resources().get("TPU", 0)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
 def test_replicas_on_chips_hold_one_chip_each_while_serving(trained_cartpole, two_by_two):
     import time
 
@@ -228,7 +245,7 @@ def test_replicas_on_chips_hold_one_chip_each_while_serving(trained_cartpole, tw
     # Refused before Serve starts: chips inside a held slice, or more chips than are free.
     with pytest.raises(ValueError, match="keeps all of its chips in its placement group"):
         serve_policy(trained_cartpole.run_dir, on_chip=True, tpu_slice=two_by_two)
-    free = ray.available_resources().get("TPU", 0)
+    free = _settled_free_chips()
     with pytest.raises(ValueError, match=f"need {int(free) + 1} free chip"):
         serve_policy(trained_cartpole.run_dir, on_chip=True, replicas=int(free) + 1)
 
