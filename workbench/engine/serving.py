@@ -257,11 +257,11 @@ def serve_policy(run_dir: str | Path, *, host: str = "127.0.0.1", port: int | No
 def _check_free_chips(replicas: int) -> None:
     """Refuse, before Serve starts, replicas on chips the cluster does not have free: the
     deployment would wait for them forever."""
-    import ray
+    from workbench.tpu.slice import list_slices
 
-    free = ray.available_resources().get("TPU", 0)
+    free = sum(s.chips_free for s in list_slices())
     if free < replicas:
         raise ValueError(
             f"{replicas} replica(s) on a chip each need {replicas} free chip(s); the cluster "
-            f"has {free:g} free (wb.list_slices() shows which slices are in use). Release a "
+            f"has {free} free (wb.list_slices() shows which slices are in use). Release a "
             "slice, ask for fewer replicas, or serve on CPUs without on_chip.")
