@@ -10,6 +10,13 @@ Optional attributes that the gymnasium view reads when an environment has them:
 - ``observation_bounds: tuple[float, float] | tuple[np.ndarray, np.ndarray]``, the low and
   high of the observation space (default: unbounded);
 - ``render_fps: int``, frames per second of an animation (default 30).
+
+and one that Anakin mode reads:
+
+- ``chip_typed: bool``, whether JAX's per-chip typing in ``shard_map`` accepts the env's
+  own code (default True). An env that says False (brax, whose constraint solver has a
+  ``cond`` that typing rejects) is compiled without that static check; the chips' state
+  digests are compared either way.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ class BraxEnv:
 
     chip_typed = False
     """brax's constraint solver (jaxopt) has a ``cond`` whose branches JAX's per-chip
-    typing in ``shard_map`` rejects, so Anakin mode compiles it without that check."""
+    typing in ``shard_map`` rejects (see ``workbench.envs.base``)."""
 
     @property
     def action_shape(self) -> tuple[int, ...]:

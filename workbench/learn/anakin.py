@@ -134,9 +134,7 @@ class AnakinLearner(ChipLearner):
                 mesh=self.mesh,
                 in_specs=(P(), P(AXIS), P(), P(AXIS)),
                 out_specs=(P(), P(AXIS), P(), P(None, AXIS), P()),
-                # An env whose own code JAX cannot type per chip (brax's constraint
-                # solver) runs without the static check; every chip's state digest is
-                # still compared.
+                # The env's optional chip_typed (workbench.envs.base) can turn it off.
                 check_vma=self.check_replication and getattr(env, "chip_typed", True),
             ),
             donate_argnums=(0, 1),
