@@ -53,11 +53,17 @@ def live_placement_groups() -> list[str]:
 
 
 def live_actors() -> list[str]:
+    return list(live_actor_names())
+
+
+def live_actor_names() -> dict[str, str]:
+    """Every live actor's id and its name ("" for an unnamed one)."""
     # The GCS actor table: the state API proper needs the dashboard, which the simulated
     # cluster leaves off to save memory.
     from ray._private.state import actors
 
-    return [actor_id for actor_id, a in actors().items() if a["State"] != "DEAD"]
+    return {actor_id: a.get("Name", "") for actor_id, a in actors().items()
+            if a["State"] != "DEAD"}
 
 
 @pytest.fixture

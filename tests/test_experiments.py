@@ -172,10 +172,16 @@ def _post(url: str, body: bytes, content_type: str = "application/json"):
         return error.code, json.loads(error.read())
 
 
-def test_a_served_policy_answers_good_requests_and_refuses_bad_ones(trained_cartpole,
-                                                                    two_by_two):
+def _replica_nodes() -> set[str]:
+    """The nodes the live Serve replicas run on."""
     from ray._private.state import actors
 
+    return {a["Address"]["NodeID"] for a in actors().values()
+            if "ServeReplica" in a["ActorClassName"] and a["State"] == "ALIVE"}
+
+
+def test_a_served_policy_answers_good_requests_and_refuses_bad_ones(trained_cartpole,
+                                                                    two_by_two):
     from workbench.engine.serving import serve_policy
 
     before = set(live_actors())
@@ -186,8 +192,7 @@ def test_a_served_policy_answers_good_requests_and_refuses_bad_ones(trained_cart
                       tpu_slice=two_by_two) as server:
         assert server.url.startswith("http://127.0.0.1:")
         # The replicas run on the slice's hosts.
-        replica_nodes = {a["Address"]["NodeID"] for a in actors().values()
-                         if "ServeReplica" in a["ActorClassName"] and a["State"] == "ALIVE"}
+        replica_nodes = _replica_nodes()
         assert len(replica_nodes) >= 1
         assert replica_nodes <= {host.node_id for host in two_by_two.hosts}
         status, answer = _post(server.url, json.dumps({"observation":
@@ -238,7 +243,6 @@ def test_replicas_on_chips_hold_one_chip_each_while_serving(trained_cartpole, tw
     import time
 
     import ray
-    from ray._private.state import actors
 
     from workbench.engine.serving import serve_policy
 
@@ -254,8 +258,7 @@ def test_replicas_on_chips_hold_one_chip_each_while_serving(trained_cartpole, tw
     tpu_hosts = {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("TPU")}
     with serve_policy(trained_cartpole.run_dir, on_chip=True, replicas=2) as server:
         assert ray.available_resources().get("TPU", 0) == free - 2  # one chip each
-        replica_nodes = {a["Address"]["NodeID"] for a in actors().values()
-                         if "ServeReplica" in a["ActorClassName"] and a["State"] == "ALIVE"}
+        replica_nodes = _replica_nodes()
         assert replica_nodes and replica_nodes <= tpu_hosts
         status, answer = _post(server.url, json.dumps({"observation":
                                                        observation.tolist()}).encode())

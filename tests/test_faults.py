@@ -18,7 +18,7 @@ import time
 
 import pytest
 import ray
-from conftest import live_actors, live_placement_groups
+from conftest import live_actor_names, live_actors, live_placement_groups
 
 import workbench as wb
 from workbench.engine import TrainConfig, checkpoint, train
@@ -43,24 +43,20 @@ def shared_slice(two_by_two):
     # what must not grow.
     assert len(live_placement_groups()) == len(groups), "this test left a placement group"
     assert two_by_two.placement_group.id.hex() in live_placement_groups()
-    kept = {actor_id for actor_id, name in _named_live_actors().items()
-            if name.startswith(f"{two_by_two.name}:a") and ":learner-" in name}
+    kept = set(_learners(two_by_two))
     assert set(live_actors()) - actors - kept == set(), "this test left actors behind"
 
 
-def _named_live_actors() -> dict[str, str]:
-    from ray._private.state import actors
-
-    return {actor_id: a.get("Name", "") for actor_id, a in actors().items()
-            if a["State"] != "DEAD"}
+def _learners(tpu_slice) -> dict[str, str]:
+    """The live learners on ``tpu_slice`` by actor id: kept learners carry the name of the
+    attempt that started them (``<slice>:a<attempt>:learner-<rank>``)."""
+    return {actor_id: name for actor_id, name in live_actor_names().items()
+            if name.startswith(f"{tpu_slice.name}:a") and ":learner-" in name}
 
 
 def learner_name(tpu_slice, rank: int) -> str:
-    """The live learner of ``rank`` on ``tpu_slice``: kept learners carry the name of the
-    attempt that started them (``<slice>:a<attempt>:learner-<rank>``)."""
-    suffix = f":learner-{rank}"
-    (name,) = [n for n in _named_live_actors().values()
-               if n.startswith(f"{tpu_slice.name}:a") and n.endswith(suffix)]
+    """The name of the live learner of ``rank`` on ``tpu_slice``."""
+    (name,) = [n for n in _learners(tpu_slice).values() if n.endswith(f":learner-{rank}")]
     return name
 
 
