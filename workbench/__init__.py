@@ -40,6 +40,7 @@ __version__ = version()
 
 from workbench.engine import (
     LoadedPolicy,
+    RLlibOptions,
     SweepResult,
     SweepRun,
     TrainConfig,
@@ -52,12 +53,14 @@ from workbench.engine import (
     start_run,
     sweep,
     train,
+    train_rllib,
 )
 
 __all__ = [
     "CatalogError",
     "ClusterError",
     "LoadedPolicy",
+    "RLlibOptions",
     "SweepResult",
     "SweepRun",
     "LocalCluster",
@@ -85,4 +88,5 @@ __all__ = [
     "sweep",
     "topologies",
     "train",
+    "train_rllib",
 ]

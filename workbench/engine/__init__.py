@@ -13,6 +13,7 @@ from workbench.engine.fields import ConfigError
 from workbench.engine.loading import LoadedPolicy, load
 from workbench.engine.playback import evaluate_run
 from workbench.engine.result import TrainResult
+from workbench.engine.rllib import RLlibOptions, train_rllib
 from workbench.engine.run import SweepRun, TrainingRun, start_run
 from workbench.engine.serving import PolicyServer, serve_policy
 from workbench.engine.sweep import SweepResult, sweep
@@ -23,6 +24,7 @@ __all__ = [
     "ConfigError",
     "LoadedPolicy",
     "PolicyServer",
+    "RLlibOptions",
     "SweepResult",
     "SweepRun",
     "TrainConfig",
@@ -35,4 +37,5 @@ __all__ = [
     "start_run",
     "sweep",
     "train",
+    "train_rllib",
 ]

@@ -39,6 +39,8 @@ class TrainResult:
     checkpoint: str | None
     """The last checkpoint written (a step folder)."""
     run_dir: str | None = None
+    engine: str = "jax"
+    """Which engine ran it: ``jax`` (the workbench's own learners) or ``rllib``."""
     """The run's folder: ``run.json``, ``result.json``, ``checkpoints/``."""
     target_return: float | None = None
     """The target both target times are measured against (None: the env has none)."""

@@ -1,0 +1,123 @@
+"""The RLlib engine: RLlib's own PPO on a simulated v6e 2x2, its learners one per chip in
+the slice's bundles and its env runners on the same bundles' CPUs, checkpointed with
+RLlib's own ``save_to_path`` and resumed from it; configs that cannot fit are refused
+before anything starts. RLlib runs at a few hundred env steps a second on this machine,
+so the runs here are short (learning is checked as a rising return); its time to
+CartPole's target against plain RLlib is the benchmarks' to measure.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import ray
+from conftest import live_actor_names
+
+import workbench as wb
+from workbench.engine.rllib.backend import learner_backend
+from workbench.engine.rllib.placement import SlicePlacement
+
+
+def _ppo(num_env_runners: int = 4):
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    # RLlib's CartPole example settings, with its default network (learns faster in the
+    # few iterations a test affords than the example's small linear one).
+    return (PPOConfig().environment("CartPole-v1")
+            .env_runners(num_env_runners=num_env_runners)
+            .training(lr=0.0003, num_epochs=6, vf_loss_coeff=0.01)
+            .debugging(seed=0))
+
+
+@pytest.fixture(scope="module")
+def two_by_two(sim_cluster):
+    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
+        yield tpu_slice
+
+
+def _slice_resources_free(tpu_slice) -> dict[str, float]:
+    """The slice's own TPU and CPU still free (Ray names a placement group's resources
+    ``<resource>_group_<id>``)."""
+    suffix = f"_group_{tpu_slice.placement_group.id.hex()}"
+    free = ray.available_resources()
+    return {name: free.get(f"{name}{suffix}", 0.0) for name in ("TPU", "CPU")}
+
+
+def test_rllib_ppo_holds_every_chip_learns_and_resumes_from_its_checkpoint(two_by_two,
+                                                                          tmp_path):
+    actors_before = set(live_actor_names())
+    seen = []
+
+    def on_update(row: dict) -> None:
+        if not seen:  # while RLlib's actors are up
+            seen.append(_slice_resources_free(two_by_two))
+
+    run_dir = tmp_path / "run"
+    options = wb.RLlibOptions(total_env_steps=20_000, checkpoint_every=2, run_dir=str(run_dir))
+    result = wb.train_rllib(two_by_two, _ppo(), options, on_update=on_update)
+
+    # Four learners took the four chips, four env runners the rest of the bundles' CPUs:
+    # nothing of the run is outside the reservation, and all of the reservation is used.
+    assert seen == [{"TPU": 0.0, "CPU": 0.0}]
+    assert (result.engine, result.algo, result.chips, result.updates) == ("rllib", "PPO", 4, 5)
+    # RLlib's data-parallel learners end every update with the same weights.
+    assert len(result.chip_state_digests) == 4 and len(set(result.chip_state_digests)) == 1
+    returns = [row["mean_return_100"] for row in result.curve]
+    assert returns[-1] > returns[0] + 30, returns
+    assert result.checkpoint.endswith("iteration-5")
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "iteration-2", "iteration-4", "iteration-5"]
+    # RLlib's actors are gone; the slice (the user's) is still held.
+    assert set(live_actor_names()) <= actors_before
+    assert ray.util.placement_group_table(two_by_two.placement_group)["state"] == "CREATED"
+    assert _slice_resources_free(two_by_two) == {"TPU": 4.0, "CPU": 8.0}
+
+    # The same folder resumes from iteration 5: its counters and policy go on.
+    more = wb.RLlibOptions(total_env_steps=28_000, checkpoint_every=2, run_dir=str(run_dir))
+    resumed = wb.train_rllib(two_by_two, _ppo(), more)
+    assert resumed.resumed_from_update == 5 and resumed.updates == 7
+    assert resumed.curve[0]["env_steps"] == 24_000
+    assert resumed.curve[0]["mean_return_100"] > returns[0] + 30
+    assert set(live_actor_names()) <= actors_before
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda c: c.env_runners(num_env_runners=9), "at most 4 env runners"),
+    (lambda c: c.learners(num_learners=5), "the slice has 4 chips"),
+    (lambda c: c.env_runners(num_env_runners=2, num_gpus_per_env_runner=1), "no GPUs"),
+])
+def test_configs_that_cannot_fit_the_slice_are_refused_before_anything_starts(
+        two_by_two, change, words):
+    actors_before = set(live_actor_names())
+    with pytest.raises(ValueError, match=words):
+        wb.train_rllib(two_by_two, change(_ppo()))
+    assert set(live_actor_names()) <= actors_before
+    assert _slice_resources_free(two_by_two) == {"TPU": 4.0, "CPU": 8.0}
+
+
+def test_each_platform_gets_its_device_collective_and_device_manager():
+    chip, simulated = learner_backend("tpu"), learner_backend("cpu")
+    assert (chip.device, chip.collective, chip.device_manager) == (
+        "tpu", "tpu_dist", "TPUTorchDeviceManager")
+    assert (simulated.device, simulated.collective, simulated.device_manager) == (
+        "cpu", "gloo", "CPUTorchDeviceManager")
+    with pytest.raises(ValueError, match="'gpu'"):
+        learner_backend("gpu")
+
+
+def test_env_runners_go_round_the_chips_and_evaluation_runners_after_them():
+    placement = SlicePlacement(placement_group=None, chip_bundles=(3, 0, 1, 2),
+                               num_env_runners=5, backend=learner_backend("cpu"))
+    assert [placement.runner_bundle(i, False) for i in range(1, 6)] == [3, 0, 1, 2, 3]
+    assert [placement.runner_bundle(i, True) for i in range(1, 3)] == [0, 1]
+
+
+def test_without_torch_the_engine_names_its_extra():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from workbench.engine.rllib.run import require_torch\n"
+            "try:\n    require_torch()\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert "pip install 'tpu-rl-workbench[rllib]'" in out

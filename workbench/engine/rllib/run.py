@@ -1,0 +1,248 @@
+"""A run of an RLlib algorithm on a reserved slice: build it inside the slice, call
+``train()`` until the budget, the target or a stop, checkpoint with RLlib's own
+``save_to_path``, and leave the same result record as the JAX engine (``engine="rllib"``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.engine.result import TrainResult
+
+log = logging.getLogger(__name__)
+
+EXTRA = "pip install 'tpu-rl-workbench[rllib]'"
+CHECKPOINT_PREFIX = "iteration-"
+
+
+def is_rllib_config(config: Any) -> bool:
+    """Whether ``config`` is an RLlib ``AlgorithmConfig`` (checked without importing RLlib)."""
+    return any(c.__name__ == "AlgorithmConfig" and c.__module__.startswith("ray.rllib")
+               for c in type(config).__mro__)
+
+
+def require_torch() -> None:
+    """Raise a clear ``ImportError`` naming the extra when torch, which RLlib's learners
+    need, is not installed."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ImportError(f"The RLlib engine needs torch for RLlib's learners: {EXTRA}") \
+            from None
+
+
+@dataclass(frozen=True)
+class RLlibOptions:
+    """How an RLlib run is driven; the algorithm itself is the user's ``AlgorithmConfig``."""
+
+    total_env_steps: int = 200_000
+    target_return: float | None = None
+    """Stop once RLlib's ``episode_return_mean`` reaches this (None: train to the budget)."""
+    checkpoint_every: int = 10
+    """Iterations (``train()`` calls) between checkpoints; one is also written at the end."""
+    run_dir: str | None = None
+    """The run's folder; a new one under ``./runs`` (or ``$WORKBENCH_RUNS``) by default. A
+    folder that holds a checkpoint is resumed from its latest one."""
+
+    def __post_init__(self) -> None:
+        for name in ("total_env_steps", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}.")
+        target = self.target_return
+        if target is not None and (isinstance(target, bool)
+                                   or not isinstance(target, (int, float))):
+            raise ValueError(f"target_return must be a number or None, got {target!r}.")
+
+
+def _run_dir(config, options: RLlibOptions) -> Path:
+    from workbench.engine.checkpoint import make_private_dir
+    from workbench.engine.plan import runs_root
+
+    if options.run_dir:
+        return make_private_dir(Path(options.run_dir).absolute())
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    env = re.sub(r"[^A-Za-z0-9]+", "-", str(config.env)).strip("-")
+    name = f"{stamp}-{env}-rllib-{algo_name(config)}-{uuid.uuid4().hex[:6]}"
+    return make_private_dir(runs_root() / name)
+
+
+def algo_name(config) -> str:
+    return config.algo_class.__name__ if config.algo_class else type(config).__name__
+
+
+def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+    """The newest ``iteration-N`` checkpoint in ``run_dir``, as (N, folder)."""
+    found = []
+    for path in (run_dir / "checkpoints").glob(f"{CHECKPOINT_PREFIX}*"):
+        number = path.name[len(CHECKPOINT_PREFIX):]
+        if number.isdigit() and (path / "algorithm_state.pkl").exists():
+            found.append((int(number), path))
+    return max(found) if found else None
+
+
+def _save(algorithm, run_dir: Path, iteration: int) -> str:
+    from workbench.engine.checkpoint import make_private_dir
+
+    folder = make_private_dir(run_dir / "checkpoints") / f"{CHECKPOINT_PREFIX}{iteration}"
+    algorithm.save_to_path(str(folder))
+    return str(folder)
+
+
+def _host_platform(tpu_slice) -> str:
+    """What chip 0's host runs on, asked on that host (its processes decide the device)."""
+    import ray
+
+    from workbench.learn.platform import current_platform
+
+    probe = ray.remote(num_cpus=0)(current_platform).options(
+        scheduling_strategy=tpu_slice.scheduling(0))
+    return ray.get(probe.remote(), timeout=120)
+
+
+def _learner_digests(algorithm) -> list[str]:
+    def digest(learner) -> str:
+        import pickle
+
+        state = learner.get_state(components="rl_module")
+        return hashlib.sha256(pickle.dumps(state)).hexdigest()
+
+    return [r.get() for r in algorithm.learner_group.foreach_learner(digest)]
+
+
+def _row(result: dict, iteration: int, loop_s: float, steps_before: int) -> dict:
+    from ray.rllib.utils.metrics import (
+        ENV_RUNNER_RESULTS,
+        EPISODE_RETURN_MEAN,
+        NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    )
+
+    runners = result.get(ENV_RUNNER_RESULTS, {})
+    steps = int(runners.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, steps_before))
+    mean = runners.get(EPISODE_RETURN_MEAN)
+    mean = None if mean is None or mean != mean else float(mean)  # NaN: no episode ended
+    return {"update": iteration, "env_steps": steps, "steps_this_update": steps - steps_before,
+            "wall_s": round(loop_s, 3), "env_steps_per_s": steps / loop_s if loop_s else None,
+            "mean_return_100": mean, "mean_return_this_update": mean, "chip_step_s": []}
+
+
+def train_rllib(tpu_slice, config, options: RLlibOptions | None = None, *,
+                on_update: Callable[[dict], None] | None = None,
+                should_stop: Callable[[], bool] | None = None) -> TrainResult:
+    """Train an RLlib ``AlgorithmConfig`` on every chip of a reserved slice.
+
+    Its learners take one chip each (``{"TPU": 1}`` in the chip's bundle) and form RLlib's
+    data-parallel group; its env runners use the hosts' CPUs of the same bundles. The
+    algorithm is checkpointed with RLlib's ``save_to_path`` every
+    ``options.checkpoint_every`` iterations and at the end (also when stopped); a run
+    folder that holds a checkpoint is resumed from it.
+
+    Raises:
+        ImportError: torch is not installed (names the extra).
+        ValueError: a config that is not RLlib's new API stack with torch, or whose
+            learners or env runners do not fit the slice (nothing is started).
+    """
+    from workbench.engine.rllib.backend import learner_backend
+    from workbench.engine.rllib.placement import bind, building_on, placed_config
+    from workbench.engine.stops import handle_termination, registered
+    from workbench.engine.warm import stop_kept_learners
+
+    require_torch()
+    options = options or RLlibOptions()
+    if not is_rllib_config(config):
+        raise ValueError(f"Expected an RLlib AlgorithmConfig (e.g. PPOConfig()...), got "
+                         f"{type(config).__name__}.")
+    if not config.enable_rl_module_and_learner or config.framework_str != "torch":
+        raise ValueError("The RLlib engine runs RLlib's new API stack with torch learners; "
+                         "this config uses the old stack or another framework.")
+    if tpu_slice.released:
+        raise ValueError("This slice has been released; reserve one again first.")
+    handle_termination()
+    started = time.monotonic()
+    backend = learner_backend(_host_platform(tpu_slice))
+    placed, placement = placed_config(config, tpu_slice, backend)
+    run_dir = _run_dir(config, options)
+    resume = latest_checkpoint(run_dir)
+    # Learners an earlier JAX run kept warm hold the chips RLlib's learners need.
+    stop_kept_learners(tpu_slice)
+    with building_on(placement):
+        algorithm = placed.build_algo()
+    bind(algorithm, placement)
+    try:
+        iteration = 0
+        if resume is not None:
+            from workbench.engine.checkpoint import check_private
+
+            check_private(resume[1])
+            with building_on(placement):
+                algorithm.restore_from_path(str(resume[1]))
+            iteration = resume[0]
+        # SIGTERM (a pod evicted) stops the loop after its current iteration, which then
+        # checkpoints like any stop.
+        terminated = threading.Event()
+        with registered(terminated):
+            return _loop(algorithm, placement, tpu_slice, config, options, run_dir,
+                         iteration, started, on_update,
+                         lambda: terminated.is_set() or bool(should_stop and should_stop()))
+    finally:
+        algorithm.stop()
+
+
+def _loop(algorithm, placement, tpu_slice, config, options: RLlibOptions, run_dir: Path,
+          iteration: int, started: float, on_update, should_stop) -> TrainResult:
+    from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
+
+    from workbench.engine.rllib.placement import building_on
+
+    first_iteration = iteration
+    startup_s = time.monotonic() - started
+    loop_s = 0.0
+    # A resumed algorithm's counters go on from its checkpoint.
+    steps = int(algorithm.metrics.peek((ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME),
+                                       default=0))
+    rows: list[dict] = []
+    hit_s = hit_steps = None
+    checkpoint = None
+    while steps < options.total_env_steps and not should_stop():
+        tick = time.monotonic()
+        with building_on(placement):  # env runners RLlib replaces stay on the slice
+            result = algorithm.train()
+        loop_s += time.monotonic() - tick
+        iteration += 1
+        row = _row(result, iteration, loop_s, steps)
+        steps = row["env_steps"]
+        rows.append(row)
+        if on_update is not None:
+            on_update(row)
+        mean = row["mean_return_100"]
+        if options.target_return is not None and mean is not None and hit_s is None and \
+                mean >= options.target_return:
+            hit_s, hit_steps = loop_s, steps
+            break
+        if (iteration - first_iteration) % options.checkpoint_every == 0:
+            checkpoint = _save(algorithm, run_dir, iteration)
+    if iteration > first_iteration:
+        checkpoint = _save(algorithm, run_dir, iteration)
+    last = next((r["mean_return_100"] for r in reversed(rows)
+                 if r["mean_return_100"] is not None), float("nan"))
+    shape = tpu_slice.shape
+    return TrainResult(
+        env_steps=steps, wall_s=loop_s, final_return=last,
+        env_steps_per_s=steps / loop_s if loop_s else 0.0, time_to_eval_target_s=None,
+        time_to_train_target_s=hit_s, env_steps_to_train_target=hit_steps,
+        startup_s=startup_s, generation=shape.generation.name, topology=shape.topology,
+        chips=tpu_slice.num_chips, hosts=tpu_slice.num_hosts, engine="rllib",
+        mode="actors", algo=algo_name(config), env=str(config.env), sync="gradients",
+        seed=int(config.seed or 0), updates=iteration, checkpoint=checkpoint,
+        run_dir=str(run_dir), target_return=options.target_return,
+        resumed_from_update=first_iteration or None,
+        chip_state_digests=_learner_digests(algorithm), curve=rows)
