@@ -3,7 +3,9 @@ costs tens of seconds on a 2-core machine), with the slices the tests contend fo
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 
 import pytest
 import ray
@@ -64,6 +66,18 @@ def live_actor_names() -> dict[str, str]:
 
     return {actor_id: a.get("Name", "") for actor_id, a in actors().items()
             if a["State"] != "DEAD"}
+
+
+def watch_stderr(process, lines: list[str]) -> threading.Thread:
+    """Collect a child's stderr into ``lines`` as it comes, in a thread."""
+    # Chunks, not lines: the progress bar redraws with carriage returns.
+    def read() -> None:
+        while chunk := os.read(process.stderr.fileno(), 4096):
+            lines.append(chunk.decode(errors="replace"))
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
 
 
 @pytest.fixture

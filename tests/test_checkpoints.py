@@ -11,14 +11,13 @@ import signal
 import stat
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
-from conftest import live_actors, live_placement_groups
+from conftest import live_actors, live_placement_groups, watch_stderr
 
 import workbench as wb
 from workbench.algos.ppo import PPOConfig
@@ -151,17 +150,6 @@ def test_a_checkpoint_continues_on_another_slice_shape(finished_run, sim_cluster
     assert set(moved.chip_state_digests) == {result.chip_state_digests[0]}
 
 
-def _watch_stderr(process, lines: list[str]) -> threading.Thread:
-    # Chunks, not lines: the progress bar redraws with carriage returns.
-    def read() -> None:
-        while chunk := os.read(process.stderr.fileno(), 4096):
-            lines.append(chunk.decode(errors="replace"))
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    return thread
-
-
 def test_sigterm_to_the_cli_stops_with_a_checkpoint_the_run_resumes_from(tmp_path,
                                                                          sim_cluster):
     """What GKE does to a pod it evicts: SIGTERM, then SIGKILL 30 s later."""
@@ -173,7 +161,7 @@ def test_sigterm_to_the_cli_stops_with_a_checkpoint_the_run_resumes_from(tmp_pat
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True, env=env)
     lines: list[str] = []
-    _watch_stderr(process, lines)
+    watch_stderr(process, lines)
     deadline = time.monotonic() + 240
     while not any("ret=" in line for line in lines):
         assert process.poll() is None, "".join(lines)

@@ -1,23 +1,30 @@
 """The RLlib engine: RLlib's own PPO on a simulated v6e 2x2, its learners one per chip in
 the slice's bundles and its env runners on the same bundles' CPUs, checkpointed with
-RLlib's own ``save_to_path`` and resumed from it; configs that cannot fit are refused
-before anything starts. RLlib runs at a few hundred env steps a second on this machine,
+RLlib's own ``save_to_path`` (also when the CLI gets SIGTERM) and resumed from it; configs
+that cannot fit are refused before anything starts. RLlib runs at a few hundred env steps a second on this machine,
 so the runs here are short (learning is checked as a rising return); its time to
 CartPole's target against plain RLlib is the benchmarks' to measure.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import ray
-from conftest import live_actor_names
+from conftest import live_actor_names, live_placement_groups, watch_stderr
 
 import workbench as wb
 from workbench.engine.rllib.backend import learner_backend
 from workbench.engine.rllib.placement import SlicePlacement
+
+WORKBENCH = str(Path(sys.executable).with_name("workbench"))
 
 
 def _ppo(num_env_runners: int = 4):
@@ -45,8 +52,7 @@ def _slice_resources_free(tpu_slice) -> dict[str, float]:
     return {name: free.get(f"{name}{suffix}", 0.0) for name in ("TPU", "CPU")}
 
 
-def test_rllib_ppo_holds_every_chip_learns_and_resumes_from_its_checkpoint(two_by_two,
-                                                                          tmp_path):
+def test_rllib_ppo_holds_every_chip_and_learns(two_by_two, tmp_path):
     actors_before = set(live_actor_names())
     seen = []
 
@@ -74,13 +80,57 @@ def test_rllib_ppo_holds_every_chip_learns_and_resumes_from_its_checkpoint(two_b
     assert ray.util.placement_group_table(two_by_two.placement_group)["state"] == "CREATED"
     assert _slice_resources_free(two_by_two) == {"TPU": 4.0, "CPU": 8.0}
 
-    # The same folder resumes from iteration 5: its counters and policy go on.
-    more = wb.RLlibOptions(total_env_steps=28_000, checkpoint_every=2, run_dir=str(run_dir))
-    resumed = wb.train_rllib(two_by_two, _ppo(), more)
-    assert resumed.resumed_from_update == 5 and resumed.updates == 7
-    assert resumed.curve[0]["env_steps"] == 24_000
-    assert resumed.curve[0]["mean_return_100"] > returns[0] + 30
-    assert set(live_actor_names()) <= actors_before
+
+
+def test_sigterm_to_the_cli_keeps_a_checkpoint_the_next_command_resumes_from(sim_cluster,
+                                                                           tmp_path):
+    """``workbench train --engine rllib`` as a pod runs it: SIGTERM mid-run (GKE evicting
+    the pod), then the same command again. Both join the running session cluster."""
+    groups_before = live_placement_groups()
+    actors_before = set(live_actor_names())
+    run_dir = tmp_path / "evicted"
+    command = [WORKBENCH, "train", "--engine", "rllib", "--algo", "PPO", "--env",
+               "CartPole-v1", "--set", "lr=0.0003", "--set", "num_epochs=6",
+               "--checkpoint-every", "50",
+               "--run-dir", str(run_dir), "--address", sim_cluster.address]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    process = subprocess.Popen([*command, "--total-env-steps", "400000"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env=env)
+    lines: list[str] = []
+    watch_stderr(process, lines)
+    deadline = time.monotonic() + 240
+    while not any("ret=" in line for line in lines):
+        assert process.poll() is None, "".join(lines)
+        assert time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.5)
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(30)
+    stderr = "".join(lines)
+    print(stderr[-5000:])
+    assert code == 128 + signal.SIGTERM, stderr
+    assert time.monotonic() - sent < 30, "past a pod's grace period"
+    assert "Traceback" not in stderr
+    assert f"--engine rllib --run-dir {run_dir}" in stderr, stderr
+    # Well before its first periodic checkpoint, the stop wrote one.
+    iterations = sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").iterdir())
+    assert len(iterations) == 1 and iterations[0] >= 1, iterations
+    stopped_at = iterations[0]
+    deadline = time.monotonic() + 30
+    while live_placement_groups() != groups_before or set(live_actor_names()) - actors_before:
+        assert time.monotonic() < deadline, "the stopped command left its slice or actors"
+        time.sleep(0.5)
+
+    resumed = subprocess.run([*command, "--total-env-steps", str((stopped_at + 1) * 4000),
+                              "--json", str(tmp_path / "resumed.json")],
+                             capture_output=True, text=True, timeout=300, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    record = json.loads((tmp_path / "resumed.json").read_text())
+    assert (record["engine"], record["chips"]) == ("rllib", 4)
+    assert record["resumed_from_update"] == stopped_at
+    assert record["updates"] == stopped_at + 1
+    assert record["curve"][0]["env_steps"] == (stopped_at + 1) * 4000
 
 
 @pytest.mark.parametrize("change, words", [

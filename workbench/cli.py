@@ -33,6 +33,9 @@ from workbench.tpu.slice import SliceUnavailableError
 SLICE_OPTIONS = ("generation", "topology")
 # TrainConfig fields that are not flags: the algorithm's config gets flags of its own.
 NOT_FLAGS = ("algo_config",)
+CPUS_PER_CHIP = 2
+"""Host CPUs reserved with each chip: its learner's, and room for a rollout actor (or an
+RLlib env runner) beside it."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -304,19 +307,19 @@ def _check_writable(path: str, flag: str = "--json") -> None:
         raise ValueError(f"{flag} {path}: not writable here; give a path you can write.")
 
 
-def _run_training(args: argparse.Namespace, config, shape: SliceShape) -> tuple[dict, str]:
-    """Reserve the slice (starting a simulated cluster if no address is known), train
-    with a progress bar, release; returns the result record and where it ran."""
+def _run_training(args: argparse.Namespace, shape: SliceShape, make_run,
+                  total_env_steps: int, resume_hint: str) -> tuple[dict, str]:
+    """Reserve the slice (starting a simulated cluster if no address is known), run
+    ``make_run(tpu_slice)`` with a progress bar, release; returns the result record and
+    where it ran."""
     import contextlib
 
     from tqdm import tqdm
 
-    from workbench.engine.run import TrainingRun
     from workbench.engine.stops import Terminated
     from workbench.tpu.cluster import join_or_start
     from workbench.tpu.slice import reserve
 
-    cpus_per_chip = 2  # the learner's CPU, and room for a rollout actor beside it
     with contextlib.ExitStack() as stack:
         if not _cluster_address(args):
             print(f"Starting a simulated cluster with one {shape.label} slice...",
@@ -324,11 +327,11 @@ def _run_training(args: argparse.Namespace, config, shape: SliceShape) -> tuple[
         session = stack.enter_context(join_or_start(getattr(args, "address", None), [shape]))
         where = "over a simulated slice" if session.simulated else f"on {session.where}"
         tpu_slice = stack.enter_context(
-            reserve(shape, timeout_s=args.reserve_timeout, cpus_per_chip=cpus_per_chip)
+            reserve(shape, timeout_s=args.reserve_timeout, cpus_per_chip=CPUS_PER_CHIP)
         )
         print(tpu_slice.layout(), file=sys.stderr)
         bar = stack.enter_context(
-            tqdm(total=config.total_env_steps, unit="step", unit_scale=True, file=sys.stderr)
+            tqdm(total=total_env_steps, unit="step", unit_scale=True, file=sys.stderr)
         )
 
         def progress(row: dict) -> None:
@@ -336,15 +339,25 @@ def _run_training(args: argparse.Namespace, config, shape: SliceShape) -> tuple[
             recent = row["mean_return_100"] or row["mean_return_this_update"] or 0.0
             bar.set_postfix(ret=f"{recent:.0f}", sps=f"{row['env_steps_per_s'] or 0:.0f}")
 
-        run = TrainingRun(tpu_slice, config).on_update(progress)
+        run = make_run(tpu_slice).on_update(progress)
         print(f"Run folder: {run.run_dir}", file=sys.stderr)
         run.start()
         try:
             result = run.wait(interrupt_grace_s=10.0)
         except Terminated as terminated:
-            terminated.checkpoint_dir = run.plan.checkpoint_dir
+            terminated.resume_hint = resume_hint.format(run=run)
             raise
     return result.to_json(), where
+
+
+def _train_jax(args: argparse.Namespace, config, shape: SliceShape) -> tuple[dict, str]:
+    from workbench.engine.run import TrainingRun
+
+    return _run_training(
+        args, shape, lambda tpu_slice: TrainingRun(tpu_slice, config),
+        config.total_env_steps,
+        "workbench train --resume --checkpoint-dir {run.plan.checkpoint_dir} (and the same "
+        "flags)")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -353,13 +366,72 @@ def cmd_train(args: argparse.Namespace) -> int:
     algorithm = algos.get(args.algo_name)
     config, shape = train_config_from(args, algorithm)
     _check_before_start(args, config, shape)
-    record, _ = _run_training(args, config, shape)
+    record, _ = _train_jax(args, config, shape)
     summary = {k: v for k, v in record.items() if k != "curve"}
     print(json.dumps(summary, indent=1))
     if args.json:
         with open(args.json, "w") as out:
             json.dump(record, out, indent=1)
     return 0
+
+
+def cmd_train_rllib(args: argparse.Namespace) -> int:
+    from workbench.engine.rllib import RLlibOptions, RLlibRun
+    from workbench.engine.rllib.algorithms import rllib_config
+    from workbench.engine.rllib.placement import check_fits, learner_count
+    from workbench.engine.rllib.run import require_torch
+    from workbench.tpu.cluster import parse_address
+
+    # Everything a user can get wrong is refused before a cluster starts.
+    require_torch()
+    shape = parse_shape(args.generation or "v6e", args.topology or "2x2")
+    settings = tuple(args.set or ())
+    if not any(text.strip().startswith("num_env_runners=") for text in settings):
+        settings = (f"num_env_runners={shape.chips}", *settings)  # one beside each learner
+    config = rllib_config(args.algo_name, args.env, seed=args.seed, settings=settings)
+    check_fits(config, shape.chips, CPUS_PER_CHIP, learner_count(config, shape.chips))
+    options = RLlibOptions(total_env_steps=args.total_env_steps,
+                           target_return=args.target_return,
+                           checkpoint_every=args.checkpoint_every, run_dir=args.run_dir)
+    if _cluster_address(args):
+        parse_address(_cluster_address(args))
+    if args.json:
+        _check_writable(args.json)
+    record, _ = _run_training(
+        args, shape, lambda tpu_slice: RLlibRun(tpu_slice, config, options),
+        options.total_env_steps,
+        "workbench train --engine rllib --run-dir {run.run_dir} (and the same flags)")
+    print(json.dumps({k: v for k, v in record.items() if k != "curve"}, indent=1))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(record, out, indent=1)
+    return 0
+
+
+def _rllib_train_options(parser: argparse.ArgumentParser) -> None:
+    from workbench.engine.rllib.algorithms import ONLINE
+    from workbench.engine.rllib.run import RLlibOptions
+
+    defaults = RLlibOptions()
+    parser.add_argument("--engine", choices=["jax", "rllib"], default="rllib")
+    parser.add_argument("--algo", dest="algo_name", default="PPO",
+                        help=f"RLlib's algorithm: one of {', '.join(ONLINE)} (default: PPO)")
+    parser.add_argument("--env", default="CartPole-v1", help="a gymnasium id")
+    parser.add_argument("--set", action="append", metavar="NAME=VALUE",
+                        help="one of the algorithm's training settings, or num_env_runners "
+                             "(default: 1 per chip); repeat for more")
+    parser.add_argument("--seed", type=_whole(0), default=0)
+    parser.add_argument("--total-env-steps", type=_whole(1), default=defaults.total_env_steps)
+    parser.add_argument("--target-return", type=float,
+                        help="stop once RLlib's episode_return_mean reaches this")
+    parser.add_argument("--checkpoint-every", type=_whole(1),
+                        default=defaults.checkpoint_every, help="iterations between checkpoints")
+    parser.add_argument("--run-dir", help="the run's folder; one holding a checkpoint resumes")
+    parser.add_argument("--generation", help="TPU generation (default: v6e)")
+    parser.add_argument("--topology", help="slice topology (default: 2x2)")
+    parser.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else simulated)")
+    parser.add_argument("--json", help="write the result record here")
+    parser.add_argument("--reserve-timeout", type=_seconds, default=60.0)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -370,7 +442,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                          stop_at_target=True)
     _check_before_start(args, config, shape)
     started = time.monotonic()
-    record, where = _run_training(args, config, shape)
+    record, where = _train_jax(args, config, shape)
     print(
         f"PPO on {record['env']} {where} ({record['generation']} {record['topology']}, "
         f"{record['chips']} learners on {record['hosts']} host(s)): greedy return "
@@ -402,7 +474,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         session = stack.enter_context(join_or_start(getattr(args, "address", None), [shape]))
         tpu_slice = stack.enter_context(
-            reserve(shape, timeout_s=args.reserve_timeout, cpus_per_chip=2))
+            reserve(shape, timeout_s=args.reserve_timeout, cpus_per_chip=CPUS_PER_CHIP))
         run = SweepRun(tpu_slice, config, seeds=args.seeds, grid=grid)
         trials = len(run.plan.trials)
         updates = config.num_updates(1 if config.mode == "anakin" else shape.chips)
@@ -526,14 +598,24 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     algorithm = _algorithm_for(argv)
-    run = sub.add_parser(
-        "train", help="train on a reserved slice (simulated if no address)",
-        description="Train on a reserved slice. Every TrainConfig field and every field of "
-                    "the chosen algorithm's config is a flag; --config takes a YAML or JSON "
-                    "file of the same fields, which flags override.",
-    )
-    _sweep_and_train_options(run, algorithm)
-    run.set_defaults(func=cmd_train)
+    if _prescan(argv, "--engine") == "rllib":
+        run = sub.add_parser(
+            "train", help="train on a reserved slice (simulated if no address)",
+            description="Train one of RLlib's algorithms on a reserved slice: one RLlib "
+                        "learner per chip, env runners on the hosts' CPUs.")
+        _rllib_train_options(run)
+        run.set_defaults(func=cmd_train_rllib)
+    else:
+        run = sub.add_parser(
+            "train", help="train on a reserved slice (simulated if no address)",
+            description="Train on a reserved slice. Every TrainConfig field and every field "
+                        "of the chosen algorithm's config is a flag; --config takes a YAML or "
+                        "JSON file of the same fields, which flags override. --engine rllib "
+                        "trains RLlib's algorithms instead (see --engine rllib --help).")
+        run.add_argument("--engine", choices=["jax", "rllib"], default="jax",
+                         help="jax: the workbench's own learners (default); rllib: RLlib's")
+        _sweep_and_train_options(run, algorithm)
+        run.set_defaults(func=cmd_train)
 
     sweep = sub.add_parser(
         "sweep", help="many seeds and a grid of hyperparameters in one program",
@@ -592,6 +674,8 @@ def _flag_fields(argv: list[str]) -> set[str]:
     from workbench.engine import TrainConfig
     from workbench.engine.fields import fields
 
+    if _prescan(argv, "--engine") == "rllib":
+        return set()
     return (set(fields(TrainConfig)) | set(fields(_algorithm_for(argv).config_type))) - \
         set(NOT_FLAGS)
 
@@ -610,14 +694,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except Terminated as terminated:
-        where = getattr(terminated, "checkpoint_dir", None)
-        resume = (f" Resume with: workbench train --resume --checkpoint-dir {where} (and the "
-                  "same flags)." if where else "")
+        hint = getattr(terminated, "resume_hint", None)
+        resume = f" Resume with: {hint}." if hint else ""
         print(f"workbench: {terminated}: training stopped after its current update, with a "
               f"checkpoint, and the slice was released.{resume}", file=sys.stderr)
         return 128 + terminated.signum
     except (CatalogError, ValueError, ClusterError, SliceUnavailableError,
-            DistributedStartError, ChipLost) as error:
+            DistributedStartError, ChipLost, ImportError) as error:
         print(f"workbench: {_one_line(error, _flag_fields(argv))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

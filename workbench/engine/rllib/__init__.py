@@ -3,6 +3,12 @@
 RLlib and torch are imported only when a run starts; torch is the ``rllib`` extra.
 """
 
-from workbench.engine.rllib.run import RLlibOptions, is_rllib_config, train_rllib
+from workbench.engine.rllib.run import (
+    RLlibOptions,
+    RLlibRun,
+    is_rllib_config,
+    plan_rllib,
+    train_rllib,
+)
 
-__all__ = ["RLlibOptions", "is_rllib_config", "train_rllib"]
+__all__ = ["RLlibOptions", "RLlibRun", "is_rllib_config", "plan_rllib", "train_rllib"]

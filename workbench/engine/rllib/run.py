@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.engine.result import TrainResult
+from workbench.engine.run import BackgroundRun
 
 log = logging.getLogger(__name__)
 
@@ -135,26 +136,28 @@ def _row(result: dict, iteration: int, loop_s: float, steps_before: int) -> dict
             "mean_return_100": mean, "mean_return_this_update": mean, "chip_step_s": []}
 
 
-def train_rllib(tpu_slice, config, options: RLlibOptions | None = None, *,
-                on_update: Callable[[dict], None] | None = None,
-                should_stop: Callable[[], bool] | None = None) -> TrainResult:
-    """Train an RLlib ``AlgorithmConfig`` on every chip of a reserved slice.
+@dataclass(frozen=True)
+class RLlibPlan:
+    """An RLlib run checked against its slice, before anything is started."""
 
-    Its learners take one chip each (``{"TPU": 1}`` in the chip's bundle) and form RLlib's
-    data-parallel group; its env runners use the hosts' CPUs of the same bundles. The
-    algorithm is checkpointed with RLlib's ``save_to_path`` every
-    ``options.checkpoint_every`` iterations and at the end (also when stopped); a run
-    folder that holds a checkpoint is resumed from it.
+    config: Any
+    options: RLlibOptions
+    run_dir: Path
+    resume: tuple[int, Path] | None
+    """The checkpoint the run continues from: (iteration, folder)."""
+
+
+def plan_rllib(tpu_slice, config, options: RLlibOptions | None = None) -> RLlibPlan:
+    """Check an RLlib run against ``tpu_slice`` and give it its folder; starts nothing.
 
     Raises:
         ImportError: torch is not installed (names the extra).
         ValueError: a config that is not RLlib's new API stack with torch, or whose
-            learners or env runners do not fit the slice (nothing is started).
+            learners or env runners do not fit the slice.
+        CheckpointError: the run folder's checkpoint could be written by others.
     """
-    from workbench.engine.rllib.backend import learner_backend
-    from workbench.engine.rllib.placement import bind, building_on, placed_config
-    from workbench.engine.stops import handle_termination, registered
-    from workbench.engine.warm import stop_kept_learners
+    from workbench.engine.checkpoint import check_private
+    from workbench.engine.rllib.placement import check_fits, learner_count
 
     require_torch()
     options = options or RLlibOptions()
@@ -166,43 +169,107 @@ def train_rllib(tpu_slice, config, options: RLlibOptions | None = None, *,
                          "this config uses the old stack or another framework.")
     if tpu_slice.released:
         raise ValueError("This slice has been released; reserve one again first.")
-    handle_termination()
-    started = time.monotonic()
-    backend = learner_backend(_host_platform(tpu_slice))
-    placed, placement = placed_config(config, tpu_slice, backend)
+    check_fits(config, tpu_slice.num_chips, tpu_slice.cpus_per_chip,
+               learner_count(config, tpu_slice.num_chips))
     run_dir = _run_dir(config, options)
     resume = latest_checkpoint(run_dir)
+    if resume is not None:
+        check_private(resume[1])  # RLlib's checkpoints are unpickled
+    return RLlibPlan(config, options, run_dir, resume)
+
+
+def train_rllib(tpu_slice, config, options: RLlibOptions | None = None, *,
+                on_update: Callable[[dict], None] | None = None,
+                should_stop: Callable[[], bool] | None = None) -> TrainResult:
+    """Train an RLlib ``AlgorithmConfig`` on every chip of a reserved slice, blocking.
+
+    Its learners take one chip each (``{"TPU": 1}`` in the chip's bundle) and form RLlib's
+    data-parallel group; its env runners use the hosts' CPUs of the same bundles. The
+    algorithm is checkpointed with RLlib's ``save_to_path`` every
+    ``options.checkpoint_every`` iterations and at the end (also when stopped, or when
+    the process gets SIGTERM); a run folder that holds a checkpoint is resumed from it.
+    For a run in the background, use :class:`RLlibRun`.
+
+    Raises:
+        ImportError: torch is not installed (names the extra).
+        ValueError: a config that is not RLlib's new API stack with torch, or whose
+            learners or env runners do not fit the slice (nothing is started).
+    """
+    from workbench.engine.stops import handle_termination
+
+    plan = plan_rllib(tpu_slice, config, options)
+    handle_termination()
+    return run_planned_rllib(tpu_slice, plan, on_update, should_stop)
+
+
+def run_planned_rllib(tpu_slice, plan: RLlibPlan,
+                      on_update: Callable[[dict], None] | None = None,
+                      should_stop: Callable[[], bool] | None = None) -> TrainResult:
+    """Build the planned algorithm inside the slice and train it (see :func:`train_rllib`)."""
+    from workbench.engine.rllib.backend import learner_backend
+    from workbench.engine.rllib.placement import bind, building_on, placed_config
+    from workbench.engine.stops import registered
+    from workbench.engine.warm import stop_kept_learners
+
+    started = time.monotonic()
+    backend = learner_backend(_host_platform(tpu_slice))
+    placed, placement = placed_config(plan.config, tpu_slice, backend)
     # Learners an earlier JAX run kept warm hold the chips RLlib's learners need.
     stop_kept_learners(tpu_slice)
-    with building_on(placement):
-        algorithm = placed.build_algo()
-    bind(algorithm, placement)
-    try:
-        iteration = 0
-        if resume is not None:
-            from workbench.engine.checkpoint import check_private
-
-            check_private(resume[1])
-            with building_on(placement):
-                algorithm.restore_from_path(str(resume[1]))
-            iteration = resume[0]
-        # SIGTERM (a pod evicted) stops the loop after its current iteration, which then
-        # checkpoints like any stop.
-        terminated = threading.Event()
-        with registered(terminated):
-            return _loop(algorithm, placement, tpu_slice, config, options, run_dir,
-                         iteration, started, on_update,
+    # SIGTERM (a pod evicted) stops the loop after its current iteration, which then
+    # checkpoints like any stop; the process waits for the algorithm to be shut down too.
+    terminated = threading.Event()
+    with registered(terminated):
+        with building_on(placement):
+            algorithm = placed.build_algo()
+        bind(algorithm, placement)
+        try:
+            iteration = 0
+            if plan.resume is not None:
+                with building_on(placement):
+                    algorithm.restore_from_path(str(plan.resume[1]))
+                iteration = plan.resume[0]
+            return _loop(algorithm, placement, tpu_slice, plan, iteration, started, on_update,
                          lambda: terminated.is_set() or bool(should_stop and should_stop()))
-    finally:
-        algorithm.stop()
+        finally:
+            algorithm.stop()
 
 
-def _loop(algorithm, placement, tpu_slice, config, options: RLlibOptions, run_dir: Path,
-          iteration: int, started: float, on_update, should_stop) -> TrainResult:
+class RLlibRun(BackgroundRun):
+    """An RLlib run on a reserved slice, going on in a background thread, with the same
+    callbacks, Stop and interrupt handling as :class:`~workbench.engine.run.TrainingRun`.
+
+    Raises:
+        ImportError, ValueError: as :func:`plan_rllib` (nothing is started).
+    """
+
+    def __init__(self, tpu_slice, config, options: RLlibOptions | None = None, *,
+                 release_slice: bool = False) -> None:
+        super().__init__(tpu_slice, release_slice=release_slice)
+        self.config = config
+        # Fail in the calling cell, not later in the thread.
+        self.plan = plan_rllib(tpu_slice, config, options)
+        self.result: TrainResult | None = None
+
+    @property
+    def run_dir(self) -> str:
+        return str(self.plan.run_dir)
+
+    @property
+    def target_return(self) -> float | None:
+        return self.plan.options.target_return
+
+    def _work(self) -> TrainResult:
+        return run_planned_rllib(self.tpu_slice, self.plan, self._on_row, self._stop.is_set)
+
+
+def _loop(algorithm, placement, tpu_slice, plan: RLlibPlan, iteration: int, started: float,
+          on_update, should_stop) -> TrainResult:
     from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
 
     from workbench.engine.rllib.placement import building_on
 
+    config, options, run_dir = plan.config, plan.options, plan.run_dir
     first_iteration = iteration
     startup_s = time.monotonic() - started
     loop_s = 0.0
