@@ -389,6 +389,7 @@ def cmd_train_rllib(args: argparse.Namespace) -> int:
     if not any(text.strip().startswith("num_env_runners=") for text in settings):
         settings = (f"num_env_runners={shape.chips}", *settings)  # one beside each learner
     config = rllib_config(args.algo_name, args.env, seed=args.seed, settings=settings)
+    config.learners(num_learners=args.learners or shape.chips)
     check_fits(config, shape.chips, CPUS_PER_CHIP, learner_count(config, shape.chips))
     options = RLlibOptions(total_env_steps=args.total_env_steps,
                            target_return=args.target_return,
@@ -420,6 +421,8 @@ def _rllib_train_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", metavar="NAME=VALUE",
                         help="one of the algorithm's training settings, or num_env_runners "
                              "(default: 1 per chip); repeat for more")
+    parser.add_argument("--learners", type=_whole(1),
+                        help="RLlib learners, one per chip (default: every chip of the slice)")
     parser.add_argument("--seed", type=_whole(0), default=0)
     parser.add_argument("--total-env-steps", type=_whole(1), default=defaults.total_env_steps)
     parser.add_argument("--target-return", type=float,

@@ -60,7 +60,9 @@ class SlicePlacement:
 
 
 def learner_count(config, chips: int) -> int:
-    """How many learners the run gets: one per chip unless the config asks for fewer.
+    """How many learners the run gets: the config's ``num_learners``, each on a chip of its
+    own, or one per chip when it is 0 (RLlib's default for most algorithms: one learner in
+    the driver). IMPALA and APPO default to 1.
 
     Raises:
         ValueError: more learners than the slice has chips.
