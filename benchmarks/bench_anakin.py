@@ -13,7 +13,7 @@ whole process tree's peak RSS and CPU time sampled as in ``bench_ppo_vs_rllib.py
           global batch (64 envs x 64 steps) and PPO hyperparameters: the ceiling on this
           CPU, what spreading over chips is measured against.
   actors  the actors mode with gymnasium's CartPole-v1 on the same simulated slice.
-  rllib   RLlib's PPO with its tuned CartPole settings (needs the ``baseline`` extra).
+  rllib   RLlib's PPO with its tuned CartPole settings (needs the ``rllib`` extra).
 
 Targets as in the engine: the training target is a mean of the last 100 training episodes
 >= 475; times are seconds of training loop from its start (cold start, which includes the
