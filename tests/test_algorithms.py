@@ -102,6 +102,36 @@ def test_running_statistics_fold_batches_exactly():
     np.testing.assert_allclose(stats.var, data.var(0), rtol=1e-3, atol=1e-3)
 
 
+def test_the_picker_offers_rllib_as_an_engine_and_builds_its_config():
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.algorithms.sac import SACConfig
+
+    from workbench.ui import AlgorithmPicker
+
+    picker = AlgorithmPicker(engine="rllib", algo="ppo", env="CartPole-v1", seed=3)
+    assert picker.algo_dropdown.options == ("APPO", "DQN", "IMPALA", "PPO", "SAC")
+    assert picker.algo_dropdown.value == "PPO" and picker.mode_dropdown.disabled
+    assert {"lr", "num_epochs", "num_env_runners"} <= set(picker._boxes)
+    picker.select(lr=1e-3, num_env_runners=4)
+    config = picker.config()
+    assert isinstance(config, PPOConfig)
+    assert (config.lr, config.num_env_runners, config.seed, config.env) == (
+        1e-3, 4, 3, "CartPole-v1")
+    assert config.num_learners == 0  # one learner per chip of the slice it trains on
+    assert config.num_epochs == PPOConfig().num_epochs  # untouched boxes keep RLlib's own
+    picker.select(algo="SAC", env="Pendulum-v1")
+    assert "actor_lr" in picker._boxes and "num_epochs" in picker._boxes
+    assert isinstance(picker.config(), SACConfig)
+    with pytest.raises(ValueError, match="clip_param"):
+        picker.select(clip_param=0.1)  # PPO's, not SAC's
+    # Back to the JAX engine: its own algorithms and a TrainConfig.
+    picker.engine_dropdown.value = "jax"
+    assert picker.algo_dropdown.value == "ppo" and not picker.mode_dropdown.disabled
+    assert type(picker.config()).__name__ == "TrainConfig"
+    with pytest.raises(ValueError, match="learns from recorded data"):
+        AlgorithmPicker(engine="rllib", algo="BC")
+
+
 def test_the_algorithm_picker_builds_the_run_config_from_its_boxes():
     from workbench.algos.impala import IMPALAConfig
     from workbench.ui import AlgorithmPicker

@@ -44,6 +44,9 @@ CI_PARAMETERS: dict[str, dict] = {
         min_env_steps_per_s=1000.0,
     ),
     "06_kuberay_gke.ipynb": dict(total_env_steps=20_480, seed=0, min_final_return=100.0),
+    # Five RLlib iterations (4000 env steps each); a random CartPole policy returns ~20.
+    "07_rllib_on_a_slice.ipynb": dict(total_env_steps=20_000, num_env_runners=2, seed=0,
+                                      min_final_return=40.0),
     "09_algorithms.ipynb": dict(algo="impala", env_id="CartPole-v1", mode="actors",
                                 policy_lag=2, total_env_steps=10 * 4 * 16 * 64, seed=0,
                                 min_final_return=60.0),
@@ -119,6 +122,9 @@ def test_notebook_runs_and_meets_its_bars(name, cluster):
         assert "What to do" in recorded["refusal"]
         assert recorded["free_after_release"] == recorded["slices_held"]
         assert (recorded["chips"], recorded["hosts"]) == (4, 1)
+    if name == "07_rllib_on_a_slice.ipynb":
+        assert (recorded["engine"], recorded["algo"], recorded["learners"]) == ("rllib", "PPO", 4)
+        assert recorded["chips_identical"] is True
     if name == "09_algorithms.ipynb":
         assert recorded["algo"] == "impala" and recorded["max_policy_lag"] == 2
         assert recorded["chips_identical"] is True

@@ -152,6 +152,37 @@ def test_dqn_sac_and_appo_train_with_a_learner_on_every_chip(two_by_two):
         assert ray.util.placement_group_table(two_by_two.placement_group)["state"] == "CREATED"
 
 
+def test_a_killed_env_runner_comes_back_inside_the_slice_and_the_run_goes_on(two_by_two):
+    from ray._private.state import actors
+
+    def env_runners() -> dict[str, dict]:
+        return {actor_id: a for actor_id, a in actors().items()
+                if a["ActorClassName"] == "SingleAgentEnvRunner" and a["State"] != "DEAD"}
+
+    actors_before = set(live_actor_names())
+    killed: list[str] = []
+    seen: list[dict] = []
+
+    def on_update(row: dict) -> None:
+        if row["update"] == 1:
+            actor_id, victim = sorted(env_runners().items())[0]
+            os.kill(victim["Pid"], signal.SIGKILL)  # the process dies as a lost pod's would
+            killed.append(actor_id)
+        elif row["update"] == 4:
+            seen.append(_slice_resources_free(two_by_two))
+
+    result = wb.train_rllib(two_by_two, _ppo(), wb.RLlibOptions(total_env_steps=16_000),
+                            on_update=on_update)
+    assert result.updates == 4 and result.env_steps >= 16_000
+    assert len(set(result.chip_state_digests)) == 1
+    # Ray restarted it (RLlib asks for restarts) in its bundle of the slice: the slice's
+    # CPUs are as used as before the kill, and nothing runs outside the reservation.
+    assert seen == [{"TPU": 0.0, "CPU": 2.0}]
+    restarted = actors()[killed[0]]
+    assert restarted["NumRestarts"] >= 1, restarted
+    assert _all_given_back(two_by_two, actors_before)
+
+
 @pytest.mark.parametrize("change, words", [
     (lambda c: c.env_runners(num_env_runners=5), "at most 4 env runners"),
     (lambda c: c.learners(num_learners=5), "the slice has 4 chips"),

@@ -1,5 +1,6 @@
-"""The algorithm picker: choose an algorithm, a mode and an environment, set the
-algorithm's hyperparameters, get the run's :class:`~workbench.engine.TrainConfig`.
+"""The algorithm picker: choose an engine, an algorithm, a mode and an environment, set the
+algorithm's hyperparameters, get the run's :class:`~workbench.engine.TrainConfig` (or
+RLlib's ``AlgorithmConfig``).
 
 A view over the registry and the config dataclasses: the hyperparameter boxes are built
 from the chosen algorithm's config fields (their docstrings are the boxes' tooltips), so an
@@ -18,29 +19,40 @@ import workbench.algos as algos
 from workbench.engine.config import TrainConfig
 from workbench.engine.fields import ConfigError, fields, parse_text
 
+ENGINES = ("jax", "rllib")
+
 
 class AlgorithmPicker(widgets.VBox):
-    """Algorithm, mode, environment and hyperparameters, as widgets.
+    """Engine, algorithm, mode, environment and hyperparameters, as widgets.
+
+    With the ``jax`` engine the algorithms are the registered ones and ``config()`` is a
+    :class:`TrainConfig`; with ``rllib`` they are RLlib's (PPO, APPO, IMPALA, DQN, SAC), the
+    boxes are the chosen algorithm's numeric and on/off training settings, and ``config()``
+    is RLlib's ``AlgorithmConfig`` (one learner per chip; the ``rllib`` extra).
 
     Args:
-        algo: the initial algorithm (a registered name).
+        algo: the initial algorithm (a registered name, or RLlib's with ``engine="rllib"``).
         env: the initial environment id.
-        mode: ``actors`` or ``anakin``.
-        **train_fields: other :class:`TrainConfig` fields the config gets (budget, seed...).
+        mode: ``actors`` or ``anakin`` (the JAX engine's).
+        engine: ``jax`` or ``rllib``.
+        **train_fields: other :class:`TrainConfig` fields the config gets (budget, seed...;
+            an RLlib config takes the seed).
 
     Raises:
-        ValueError: an unknown algorithm, or a field TrainConfig does not have.
+        ValueError: an unknown engine or algorithm, or a field TrainConfig does not have.
     """
 
     def __init__(self, algo: str = "ppo", env: str = "CartPole-v1", mode: str = "actors",
-                 **train_fields: Any) -> None:
-        algos.get(algo)  # an unknown name fails here, listing the registered ones
+                 engine: str = "jax", **train_fields: Any) -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}.")
         unknown = set(train_fields) - set(fields(TrainConfig))
         if unknown:
             raise ValueError(f"TrainConfig has no field {', '.join(sorted(unknown))}.")
         self.train_fields = train_fields
-        self.algo_dropdown = widgets.Dropdown(options=algos.names(), value=algo,
-                                              description="Algorithm")
+        self.engine_dropdown = widgets.Dropdown(options=ENGINES, value=engine,
+                                                description="Engine")
+        self.algo_dropdown = widgets.Dropdown(description="Algorithm")
         self.mode_dropdown = widgets.Dropdown(options=["actors", "anakin"], value=mode,
                                               description="Mode")
         self.env_text = widgets.Text(value=env, description="Env",
@@ -49,14 +61,43 @@ class AlgorithmPicker(widgets.VBox):
         self.hyperparameters = widgets.VBox()
         self.status = widgets.HTML()
         self._boxes: dict[str, widgets.Widget] = {}
-        self.algo_dropdown.observe(lambda _change: self._show_algorithm(), names="value")
-        self._show_algorithm()
+        self._defaults: dict[str, Any] = {}
+        self._switching = False
+        self._show_engine(algo)  # an unknown name fails here, listing the valid ones
+        self.engine_dropdown.observe(lambda _change: self._show_engine(None), names="value")
+        self.algo_dropdown.observe(
+            lambda _change: None if self._switching else self._show_algorithm(), names="value")
         super().__init__([
-            widgets.HBox([self.algo_dropdown, self.mode_dropdown, self.env_text]),
+            widgets.HBox([self.engine_dropdown, self.algo_dropdown, self.mode_dropdown,
+                          self.env_text]),
             self.summary, self.hyperparameters, self.status,
         ])
 
+    @property
+    def engine(self) -> str:
+        return self.engine_dropdown.value
+
+    def _show_engine(self, algo: str | None) -> None:
+        if self.engine == "rllib":
+            from workbench.engine.rllib.algorithms import ONLINE, canonical_name
+
+            names, algo = list(ONLINE), canonical_name(algo or "PPO")
+        else:
+            names = algos.names()
+            algo = algos.get(algo or "ppo").name
+        self.mode_dropdown.disabled = self.engine == "rllib"  # RLlib's env runners: actors
+        self._switching = True  # the options' change moves the value; show it once
+        try:
+            self.algo_dropdown.options = names
+            self.algo_dropdown.value = algo
+        finally:
+            self._switching = False
+        self._show_algorithm()
+
     def _show_algorithm(self) -> None:
+        if self.engine == "rllib":
+            self._show_rllib_algorithm()
+            return
         algorithm = algos.get(self.algo_dropdown.value)
         self.summary.value = (f"<i>{html.escape(algorithm.summary)}</i> "
                               f"({', '.join(algorithm.action_kinds)} actions)")
@@ -67,12 +108,39 @@ class AlgorithmPicker(widgets.VBox):
                 self._boxes[info.name] = box
         self.hyperparameters.children = list(self._boxes.values())
 
+    def _show_rllib_algorithm(self) -> None:
+        from workbench.engine.rllib.algorithms import rllib_config, settings_of
+
+        name = self.algo_dropdown.value
+        default = rllib_config(name, self.env_text.value or "CartPole-v1")
+        self.summary.value = (f"<i>RLlib's {html.escape(name)}</i>: one learner per chip, "
+                              "env runners on the hosts' CPUs (the rllib extra)")
+        self._boxes, self._defaults = {}, {}
+        for setting in settings_of(default):
+            value = getattr(default, setting)
+            common = {"description": setting, "tooltip": f"RLlib's {name} setting {setting}",
+                      "style": {"description_width": "160px"}}
+            if isinstance(value, bool):
+                box = widgets.Checkbox(value=value, **common)
+            elif isinstance(value, int):
+                box = widgets.IntText(value=value, **common)
+            elif isinstance(value, float):
+                box = widgets.FloatText(value=value, **common)
+            else:
+                continue  # lists, dicts and objects: set them on the config in code
+            self._boxes[setting], self._defaults[setting] = box, value
+        self.hyperparameters.children = list(self._boxes.values())
+
     def select(self, algo: str | None = None, env: str | None = None,
                mode: str | None = None, **hyperparameters: Any) -> None:
         """Set the widgets from code (what a papermill parameter does)."""
         if algo is not None:
-            algos.get(algo)
-            self.algo_dropdown.value = algo
+            if self.engine == "rllib":
+                from workbench.engine.rllib.algorithms import canonical_name
+
+                self.algo_dropdown.value = canonical_name(algo)
+            else:
+                self.algo_dropdown.value = algos.get(algo).name
         if env is not None:
             self.env_text.value = env
         if mode is not None:
@@ -99,13 +167,16 @@ class AlgorithmPicker(widgets.VBox):
                 known[name].kind != "str" else value
         return algorithm.config_type(**values)
 
-    def config(self, **overrides: Any) -> TrainConfig:
-        """The run's :class:`TrainConfig`, validated.
+    def config(self, **overrides: Any) -> Any:
+        """The run's :class:`TrainConfig` (or, with the ``rllib`` engine, RLlib's
+        ``AlgorithmConfig``), validated.
 
         Raises:
             ValueError: a value that cannot work, naming its field (also shown in the
                 picker).
         """
+        if self.engine == "rllib":
+            return self._rllib_config(**overrides)
         try:
             config = TrainConfig(env=self.env_text.value, mode=self.mode_dropdown.value,
                                  algo=self.algo_dropdown.value, algo_config=self.algo_config(),
@@ -116,6 +187,32 @@ class AlgorithmPicker(widgets.VBox):
             raise
         self.status.value = ""
         return config
+
+
+    def _rllib_config(self, **overrides: Any) -> Any:
+        from workbench.engine.rllib.algorithms import rllib_config
+
+        unknown = set(overrides) - {"seed", "env"}
+        if unknown:
+            raise ValueError(f"An RLlib config from the picker takes seed and env, not "
+                             f"{', '.join(sorted(unknown))}.")
+        # Only what was changed from RLlib's defaults, so its own defaults stay in charge.
+        changed = tuple(f"{name}={_as_text(box.value)}" for name, box in self._boxes.items()
+                        if box.value != self._defaults[name])
+        try:
+            config = rllib_config(self.algo_dropdown.value,
+                                  overrides.get("env", self.env_text.value),
+                                  seed=overrides.get("seed", self.train_fields.get("seed", 0)),
+                                  settings=changed)
+        except ValueError as error:
+            self.status.value = f'<span style="color:#b00020">{html.escape(str(error))}</span>'
+            raise
+        self.status.value = ""
+        return config.learners(num_learners=0)  # 0: one learner per chip of the slice
+
+
+def _as_text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _box_for(info) -> widgets.Widget | None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
+from workbench.engine.rllib import RLlibOptions, RLlibRun, is_rllib_config
 from workbench.engine.run import TrainingRun
 from workbench.ui.drawing import agg_figure, png_of
 
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 # Result fields shown in the summary table, in this order, with their labels.
 SUMMARY_FIELDS = (
+    ("engine", "engine"),
     ("generation", "generation"),
     ("topology", "topology"),
     ("chips", "chips"),
@@ -62,6 +64,13 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def final_return_label(result: TrainResult) -> str:
+    """What a result's ``final_return`` is: the JAX engine's greedy evaluation, or RLlib's
+    mean return of its latest training episodes."""
+    return "final greedy return" if result.engine == "jax" else \
+        "final return (RLlib's episode_return_mean)"
+
+
 def summary_html(result: TrainResult, stopped: bool = False) -> str:
     """A run's result as a two-column HTML table.
 
@@ -77,7 +86,8 @@ def summary_html(result: TrainResult, stopped: bool = False) -> str:
     rows = "".join(
         f'<tr><td style="padding:1px 10px 1px 0;text-align:left">{label}</td>'
         f'<td style="text-align:right">{html.escape(_fmt(record.get(key)))}</td></tr>'
-        for key, label in SUMMARY_FIELDS
+        for key, label in ((k, final_return_label(result) if k == "final_return" else label)
+                           for k, label in SUMMARY_FIELDS)
         if key in record
     )
     return (
@@ -262,17 +272,15 @@ class TrainingDashboard(StopControls, widgets.VBox):
             self.status.value = html.escape(
                 f"{'Stopped' if stopped else 'Done'}: {result.env_steps:,} env steps in "
                 f"{result.wall_s:.1f} s, {result.env_steps_per_s:,.0f} env steps/s, "
-                f"final greedy return {result.final_return:.1f}."
+                f"{final_return_label(result)} {result.final_return:.1f}."
             )
 
 
-class DashboardRun(TrainingRun):
-    """A :class:`~workbench.engine.run.TrainingRun` watched by a :class:`TrainingDashboard`;
-    its :meth:`wait` also leaves a static figure and a summary table in the cell."""
+class _Watched:
+    """A run handle watched by a :class:`TrainingDashboard`; its :meth:`wait` also leaves a
+    static figure and a summary table in the cell."""
 
-    def __init__(self, tpu_slice: Slice, config: TrainConfig | None, dashboard: TrainingDashboard,
-                 **kwargs: Any) -> None:
-        super().__init__(tpu_slice, config, **kwargs)
+    def _watch(self, dashboard: TrainingDashboard) -> None:
         self.dashboard = dashboard
         self._summarised = False
         dashboard.on_stop(self.stop)
@@ -298,6 +306,24 @@ class DashboardRun(TrainingRun):
         return result
 
 
+class DashboardRun(_Watched, TrainingRun):
+    """A :class:`~workbench.engine.run.TrainingRun` watched by a :class:`TrainingDashboard`."""
+
+    def __init__(self, tpu_slice: Slice, config: TrainConfig | None, dashboard: TrainingDashboard,
+                 **kwargs: Any) -> None:
+        super().__init__(tpu_slice, config, **kwargs)
+        self._watch(dashboard)
+
+
+class RLlibDashboardRun(_Watched, RLlibRun):
+    """An :class:`~workbench.engine.rllib.RLlibRun` watched by a :class:`TrainingDashboard`."""
+
+    def __init__(self, tpu_slice: Slice, config, dashboard: TrainingDashboard,
+                 options: RLlibOptions | None = None, **kwargs: Any) -> None:
+        super().__init__(tpu_slice, config, options, **kwargs)
+        self._watch(dashboard)
+
+
 def _show_summary(dashboard: TrainingDashboard, result: TrainResult, stopped: bool) -> None:
     from IPython import get_ipython
     from IPython.display import HTML, Image, display
@@ -315,8 +341,9 @@ def start_training(
     show: bool = True,
     release_slice: bool = False,
     title: str | None = None,
+    rllib_options: RLlibOptions | None = None,
     **train_kwargs: Any,
-) -> DashboardRun:
+) -> DashboardRun | RLlibDashboardRun:
     """Start training on a reserved slice in the background, with a live dashboard.
 
     Returns at once; the kernel stays free, so the dashboard's Stop button works. Call
@@ -324,28 +351,46 @@ def start_training(
 
     Args:
         tpu_slice: a reserved slice (``picker.reserve()`` or ``wb.reserve(...)``).
-        config: what to learn; the engine's default when None.
+        config: what to learn; the engine's default when None. An RLlib
+            ``AlgorithmConfig`` trains on the RLlib engine.
         show: display the dashboard in the current cell.
         release_slice: release the slice when training ends (finished, stopped or failed).
         title: the dashboard's heading; by default the shape and environment.
+        rllib_options: an RLlib run's budget, target and folder
+            (:class:`~workbench.engine.rllib.RLlibOptions`).
         **train_kwargs: passed on to :func:`workbench.engine.driver.train`.
 
     Returns:
-        The running :class:`DashboardRun`.
+        The running :class:`DashboardRun` (or :class:`RLlibDashboardRun`).
 
     Raises:
         ValueError: a config that cannot work, or a released slice (nothing is started).
     """
     from workbench.engine import TrainConfig
 
-    config = config or TrainConfig()
-    dashboard = TrainingDashboard(
-        config.total_env_steps if isinstance(config.total_env_steps, int) else 1,
-        title=title or f"{config.env} on {tpu_slice.shape.label} "
-                       f"({tpu_slice.num_chips} chips, {config.algo}, seed {config.seed})",
-    )
-    run = DashboardRun(tpu_slice, config, dashboard, release_slice=release_slice,
-                       **train_kwargs)
+    if is_rllib_config(config):
+        if train_kwargs:
+            raise ValueError(f"An RLlib run takes no {', '.join(sorted(train_kwargs))}; its "
+                             "budget and folder go in rllib_options=wb.RLlibOptions(...).")
+        options = rllib_options or RLlibOptions()
+        dashboard = TrainingDashboard(
+            options.total_env_steps,
+            title=title or f"RLlib {config.algo_class.__name__} on {config.env} on "
+                           f"{tpu_slice.shape.label} ({tpu_slice.num_chips} chips)")
+        run: DashboardRun | RLlibDashboardRun = RLlibDashboardRun(
+            tpu_slice, config, dashboard, options, release_slice=release_slice)
+    else:
+        if rllib_options is not None:
+            raise ValueError("rllib_options is for an RLlib AlgorithmConfig; this run's "
+                             "budget is its TrainConfig's total_env_steps.")
+        config = config or TrainConfig()
+        dashboard = TrainingDashboard(
+            config.total_env_steps if isinstance(config.total_env_steps, int) else 1,
+            title=title or f"{config.env} on {tpu_slice.shape.label} "
+                           f"({tpu_slice.num_chips} chips, {config.algo}, seed {config.seed})",
+        )
+        run = DashboardRun(tpu_slice, config, dashboard, release_slice=release_slice,
+                           **train_kwargs)
     # Only an env with a target gets a target line.
     dashboard.target_return = run.target_return
     if show:

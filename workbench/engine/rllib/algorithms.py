@@ -106,7 +106,8 @@ def settings_of(config) -> list[str]:
     # Each algorithm's training() takes its own settings and passes the rest to its base.
     training = [name for cls in type(config).__mro__ if "training" in vars(cls)
                 for name, p in inspect.signature(vars(cls)["training"]).parameters.items()
-                if p.kind is p.KEYWORD_ONLY and isinstance(getattr(config, name, None), VALUES)]
+                if p.kind is p.KEYWORD_ONLY and not name.startswith("_")
+                and isinstance(getattr(config, name, None), VALUES)]
     return sorted({*training, *RUN_SETTINGS})
 
 

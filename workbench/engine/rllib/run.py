@@ -120,7 +120,10 @@ def _learner_digests(algorithm) -> list[str]:
     return [r.get() for r in algorithm.learner_group.foreach_learner(digest)]
 
 
-def _row(result: dict, iteration: int, loop_s: float, steps_before: int) -> dict:
+def _row(result: dict, iteration: int, loop_s: float, steps_before: int,
+         first_steps: int) -> dict:
+    """One iteration as the dashboards' rows; ``first_steps``: the steps a resumed run's
+    checkpoint had already made (not this run's throughput)."""
     from ray.rllib.utils.metrics import (
         ENV_RUNNER_RESULTS,
         EPISODE_RETURN_MEAN,
@@ -132,7 +135,8 @@ def _row(result: dict, iteration: int, loop_s: float, steps_before: int) -> dict
     mean = runners.get(EPISODE_RETURN_MEAN)
     mean = None if mean is None or mean != mean else float(mean)  # NaN: no episode ended
     return {"update": iteration, "env_steps": steps, "steps_this_update": steps - steps_before,
-            "wall_s": round(loop_s, 3), "env_steps_per_s": steps / loop_s if loop_s else None,
+            "wall_s": round(loop_s, 3),
+            "env_steps_per_s": (steps - first_steps) / loop_s if loop_s else None,
             "mean_return_100": mean, "mean_return_this_update": mean, "chip_step_s": []}
 
 
@@ -274,29 +278,35 @@ def _loop(algorithm, placement, tpu_slice, plan: RLlibPlan, iteration: int, star
     startup_s = time.monotonic() - started
     loop_s = 0.0
     # A resumed algorithm's counters go on from its checkpoint.
-    steps = int(algorithm.metrics.peek((ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME),
-                                       default=0))
+    steps = first_steps = int(algorithm.metrics.peek(
+        (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0))
     rows: list[dict] = []
     hit_s = hit_steps = None
     checkpoint = None
-    while steps < options.total_env_steps and not should_stop():
-        tick = time.monotonic()
-        with building_on(placement):  # env runners RLlib replaces stay on the slice
-            result = algorithm.train()
-        loop_s += time.monotonic() - tick
-        iteration += 1
-        row = _row(result, iteration, loop_s, steps)
-        steps = row["env_steps"]
-        rows.append(row)
-        if on_update is not None:
-            on_update(row)
-        mean = row["mean_return_100"]
-        if options.target_return is not None and mean is not None and hit_s is None and \
-                mean >= options.target_return:
-            hit_s, hit_steps = loop_s, steps
-            break
-        if (iteration - first_iteration) % options.checkpoint_every == 0:
-            checkpoint = _save(algorithm, run_dir, iteration)
+    try:
+        while steps < options.total_env_steps and not should_stop():
+            tick = time.monotonic()
+            with building_on(placement):  # env runners RLlib replaces stay on the slice
+                result = algorithm.train()
+            loop_s += time.monotonic() - tick
+            iteration += 1
+            row = _row(result, iteration, loop_s, steps, first_steps)
+            steps = row["env_steps"]
+            rows.append(row)
+            if on_update is not None:
+                on_update(row)
+            mean = row["mean_return_100"]
+            if options.target_return is not None and mean is not None and \
+                    mean >= options.target_return:
+                hit_s, hit_steps = loop_s, steps
+                break
+            if iteration % options.checkpoint_every == 0:
+                checkpoint = _save(algorithm, run_dir, iteration)
+    except KeyboardInterrupt:
+        # Ctrl-C in a cell that trains in the foreground: keep what was learned.
+        if iteration > first_iteration:
+            _save(algorithm, run_dir, iteration)
+        raise
     if iteration > first_iteration:
         checkpoint = _save(algorithm, run_dir, iteration)
     last = next((r["mean_return_100"] for r in reversed(rows)
@@ -304,7 +314,8 @@ def _loop(algorithm, placement, tpu_slice, plan: RLlibPlan, iteration: int, star
     shape = tpu_slice.shape
     return TrainResult(
         env_steps=steps, wall_s=loop_s, final_return=last,
-        env_steps_per_s=steps / loop_s if loop_s else 0.0, time_to_eval_target_s=None,
+        env_steps_per_s=(steps - first_steps) / loop_s if loop_s else 0.0,
+        time_to_eval_target_s=None,
         time_to_train_target_s=hit_s, env_steps_to_train_target=hit_steps,
         startup_s=startup_s, generation=shape.generation.name, topology=shape.topology,
         chips=tpu_slice.num_chips, hosts=tpu_slice.num_hosts, engine="rllib",
