@@ -385,31 +385,41 @@ def rllib_loop(algo: Any, seed: int, max_env_steps: int, eval_every: int) -> Rec
     }
 
 
+@contextlib.contextmanager
+def private_ray(num_cpus: int) -> Iterator[tuple[str, float]]:
+    """A Ray instance of this process alone; yields its temp dir and the seconds it took
+    to start. ``"local"`` always starts a new instance (never RAY_ADDRESS or a running
+    cluster); the private temp dir keeps it out of /tmp/ray, where other clusters'
+    sessions live."""
+    import ray
+
+    temp_dir = tempfile.mkdtemp(prefix="bench-rllib-")
+    started = time.monotonic()
+    with startup_phase(lambda: shutil.rmtree(temp_dir, ignore_errors=True)):
+        ray.init(address="local", include_dashboard=False, num_cpus=num_cpus,
+                 _temp_dir=temp_dir, log_to_driver=False, logging_level="WARNING")
+    try:
+        yield temp_dir, time.monotonic() - started
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
 def rllib_worker(seed: int, max_env_steps: int, eval_every: int) -> Record:
     import ray
 
     config = rllib_config(seed)  # imports RLlib and torch before the clock starts
     imports_s = process_age_s()
-    temp_dir = tempfile.mkdtemp(prefix="bench-rllib-")
-    started = time.monotonic()
-    # "local" always starts a new instance (never RAY_ADDRESS or a running cluster); the
-    # private temp dir keeps it out of /tmp/ray, where other clusters' sessions live.
-    with startup_phase(lambda: shutil.rmtree(temp_dir, ignore_errors=True)):
-        ray.init(address="local", include_dashboard=False, num_cpus=2, _temp_dir=temp_dir,
-                 log_to_driver=False, logging_level="WARNING")
-    try:
-        ray_init_s = time.monotonic() - started
+    with private_ray(num_cpus=2) as (temp_dir, ray_init_s):
+        started = time.monotonic()
         algo = config.build_algo()
-        cold_start_s = time.monotonic() - started
+        cold_start_s = ray_init_s + time.monotonic() - started
         try:
             outside = processes_outside_tree(ray_session_pids(temp_dir))
             record = rllib_loop(algo, seed, max_env_steps, eval_every)
             outside += processes_outside_tree(ray_session_pids(temp_dir))
         finally:
             algo.stop()
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
     return {
         "side": "rllib",
         "ray_version": ray.__version__,

@@ -43,6 +43,7 @@ from bench_ppo_vs_rllib import (  # noqa: E402
     code_revision,
     machine,
     median_or_none,
+    private_ray,
     process_age_s,
     ratio,
     run_worker,
@@ -97,27 +98,17 @@ def plain_loop(algo: Any, env_steps: int, target: float) -> Record:
 
 
 def plain_worker(seed: int, env_steps: int, target: float) -> Record:
-    import ray
-
     config = ppo_config(seed, learners=1)  # imports RLlib and torch before the clock
     imports_s = process_age_s()
-    temp_dir = tempfile.mkdtemp(prefix="bench-rllib-plain-")
-    started = time.monotonic()
-    with startup_phase(lambda: shutil.rmtree(temp_dir, ignore_errors=True)):
-        # A learner and two env runners: RLlib asks for a CPU each.
-        ray.init(address="local", include_dashboard=False, num_cpus=4, _temp_dir=temp_dir,
-                 log_to_driver=False, logging_level="WARNING")
-    try:
-        ray_init_s = time.monotonic() - started
+    # A learner and two env runners: RLlib asks for a CPU each.
+    with private_ray(num_cpus=4) as (_temp_dir, ray_init_s):
+        started = time.monotonic()
         algo = config.build_algo()
-        cold_start_s = time.monotonic() - started
+        cold_start_s = ray_init_s + time.monotonic() - started
         try:
             record = plain_loop(algo, env_steps, target)
         finally:
             algo.stop()
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
     return {"side": "plain", "imports_s": round(imports_s, 3),
             "ray_init_s": round(ray_init_s, 3), "cold_start_s": round(cold_start_s, 3),
             **record}

@@ -80,6 +80,24 @@ def watch_stderr(process, lines: list[str]) -> threading.Thread:
     return thread
 
 
+def start_until_progress(command: list[str], env: dict, timeout_s: float = 240.0):
+    """Start a training command and wait until its progress bar shows a return (its first
+    update is done); returns the process and its stderr so far (still growing)."""
+    import subprocess
+    import time
+
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, env=env)
+    lines: list[str] = []
+    watch_stderr(process, lines)
+    deadline = time.monotonic() + timeout_s
+    while not any("ret=" in line for line in lines):
+        assert process.poll() is None, "".join(lines)
+        assert time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.5)
+    return process, lines
+
+
 @pytest.fixture
 def python_ctrl_c():
     """Python's own Ctrl-C handler for the test: an interrupt must become a

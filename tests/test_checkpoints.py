@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from conftest import live_actors, live_placement_groups, watch_stderr
+from conftest import live_actors, live_placement_groups, start_until_progress
 
 import workbench as wb
 from workbench.algos.ppo import PPOConfig
@@ -158,15 +158,7 @@ def test_sigterm_to_the_cli_stops_with_a_checkpoint_the_run_resumes_from(tmp_pat
     run_dir = tmp_path / "evicted"
     command = [WORKBENCH, "train", "--mode", "anakin", "--env", "workbench/CartPole-v1",
                "--total-env-steps", "50000000", "--eval-every", "0", "--run-dir", str(run_dir)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, env=env)
-    lines: list[str] = []
-    watch_stderr(process, lines)
-    deadline = time.monotonic() + 240
-    while not any("ret=" in line for line in lines):
-        assert process.poll() is None, "".join(lines)
-        assert time.monotonic() < deadline, "".join(lines)
-        time.sleep(0.5)
+    process, lines = start_until_progress(command, env)
     # Everything the command started (the simulated cluster, its nodes and workers), to
     # check that none of it outlives the command.
     started = psutil.Process(process.pid).children(recursive=True)

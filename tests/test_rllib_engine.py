@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import live_actor_names, live_placement_groups, watch_stderr
+from conftest import live_actor_names, live_placement_groups, start_until_progress
 
 import workbench as wb
 from workbench.engine.rllib.backend import learner_backend
@@ -77,21 +77,11 @@ def test_sigterm_to_the_cli_keeps_a_checkpoint_the_next_command_resumes_from(sim
                "--set", "num_env_runners=2", "--checkpoint-every", "2",
                "--run-dir", str(run_dir), "--address", sim_cluster.address]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    process = subprocess.Popen([*command, "--total-env-steps", "400000"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               env=env)
-    lines: list[str] = []
-    watch_stderr(process, lines)
-    deadline = time.monotonic() + 240
-    while not any("ret=" in line for line in lines):
-        assert process.poll() is None, "".join(lines)
-        assert time.monotonic() < deadline, "".join(lines)
-        time.sleep(0.5)
+    process, lines = start_until_progress([*command, "--total-env-steps", "400000"], env)
     sent = time.monotonic()
     process.send_signal(signal.SIGTERM)
     code = process.wait(30)
     stderr = "".join(lines)
-    print(stderr[-5000:])
     assert code == 128 + signal.SIGTERM, stderr
     assert time.monotonic() - sent < 30, "past a pod's grace period"
     assert "Traceback" not in stderr

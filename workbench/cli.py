@@ -430,11 +430,7 @@ def _rllib_train_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=_whole(1),
                         default=defaults.checkpoint_every, help="iterations between checkpoints")
     parser.add_argument("--run-dir", help="the run's folder; one holding a checkpoint resumes")
-    parser.add_argument("--generation", help="TPU generation (default: v6e)")
-    parser.add_argument("--topology", help="slice topology (default: 2x2)")
-    parser.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else simulated)")
-    parser.add_argument("--json", help="write the result record here")
-    parser.add_argument("--reserve-timeout", type=_seconds, default=60.0)
+    _slice_options(parser)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -548,18 +544,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _slice_options(parser: argparse.ArgumentParser) -> None:
+    """Where a training command runs: the slice, the cluster, and its record's file."""
+    parser.add_argument("--generation", help="TPU generation (default: v6e)")
+    parser.add_argument("--topology", help="slice topology (default: 2x2)")
+    parser.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else simulated)")
+    parser.add_argument("--json", help="write the result record here")
+    parser.add_argument("--reserve-timeout", type=_seconds, default=60.0)
+
+
 def _sweep_and_train_options(parser: argparse.ArgumentParser, algorithm) -> None:
     """The options ``train`` and ``sweep`` share: the slice, the cluster, the run's config
     (a file and a flag per field) and the algorithm's fields."""
     from workbench import algos
     from workbench.engine import TrainConfig
 
-    parser.add_argument("--generation", help="TPU generation (default: v6e)")
-    parser.add_argument("--topology", help="slice topology (default: 2x2)")
-    parser.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else simulated)")
+    _slice_options(parser)
     parser.add_argument("--config", help="a YAML or JSON file of the run's fields")
-    parser.add_argument("--json", help="write the result record here")
-    parser.add_argument("--reserve-timeout", type=_seconds, default=60.0)
     add_config_flags(parser, TrainConfig, "train.", skip=NOT_FLAGS + ("algo",))
     parser.add_argument("--algo", dest="algo_name", default=algorithm.name,
                         help=f"the algorithm: one of {', '.join(algos.names())} "
