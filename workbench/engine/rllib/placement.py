@@ -102,14 +102,12 @@ def check_fits(config, chips: int, cpus_per_chip: float, learners: int) -> None:
 
 def placed_config(config, tpu_slice, backend: LearnerBackend):
     """A copy of ``config`` whose learners hold one chip each, and the placement of its
-    actors on ``tpu_slice``.
+    actors on ``tpu_slice`` (which :func:`check_fits` has accepted).
 
     Raises:
-        ValueError: the config's learners or env runners do not fit the slice.
+        ValueError: more learners than chips.
     """
-    chips = tpu_slice.num_chips
-    learners = learner_count(config, chips)
-    check_fits(config, chips, tpu_slice.cpus_per_chip, learners)
+    learners = learner_count(config, tpu_slice.num_chips)
     placed = config.copy(copy_frozen=False)
     placed.learners(num_learners=learners, num_cpus_per_learner=LEARNER_CPUS,
                     num_gpus_per_learner=0, custom_resources_per_learner={"TPU": 1})
