@@ -8,7 +8,7 @@ Knows no algorithm's math and no mode's program: both come as data from
 
 from workbench.engine.attempt import ChipLost
 from workbench.engine.config import TrainConfig
-from workbench.engine.driver import train
+from workbench.engine.engines import train
 from workbench.engine.fields import ConfigError
 from workbench.engine.loading import LoadedPolicy, load
 from workbench.engine.playback import evaluate_run

@@ -351,9 +351,7 @@ def train(
     Args:
         tpu_slice: a slice from :func:`workbench.reserve` (``cpus_per_chip`` at least 2
             in actors mode: a learner and, in some bundles, a rollout actor).
-        config: what to learn; defaults to PPO on CartPole-v1 for 500k env steps. An
-            RLlib ``AlgorithmConfig`` runs on the RLlib engine instead
-            (:func:`workbench.engine.rllib.train_rllib`, with its default options).
+        config: what to learn; defaults to PPO on CartPole-v1 for 500k env steps.
         on_update: called on the driver with each new update's aggregated metrics (after a
             restart, the updates redone from the checkpoint come again).
         poll_s: how often the driver reads the metrics board.
@@ -373,12 +371,8 @@ def train(
         ChipLost: learners were lost more than ``config.max_restarts`` times.
         SliceUnavailableError: no intact slice came back after a loss.
     """
-    from workbench.engine.rllib import is_rllib_config, train_rllib
     from workbench.engine.stops import handle_termination
 
-    if is_rllib_config(config):
-        # An RLlib AlgorithmConfig: RLlib's algorithm on the slice, with default options.
-        return train_rllib(tpu_slice, config, on_update=on_update, should_stop=should_stop)
     options = WatchOptions(on_update, should_stop, poll_s, distributed_timeout_s,
                            recover_timeout_s, stop_grace_s)
     plan = plan_run(config or TrainConfig())

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.engine.background import BackgroundRun
 from workbench.engine.result import TrainResult
-from workbench.engine.run import BackgroundRun
 
 log = logging.getLogger(__name__)
 
