@@ -43,6 +43,7 @@ class KubeRayLikeCluster:
     slices: list[str] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
     tree: set[int] = field(default_factory=set)
+    _first_range: int = 0
 
     def env(self, extra: dict | None = None) -> dict:
         env = {k: v for k, v in os.environ.items()
@@ -53,9 +54,14 @@ class KubeRayLikeCluster:
         return env
 
     def _ports(self) -> list[str]:
-        # Each node its own worker-port range, away from the client and GCS ports.
-        low = free_port(NODE_IP)
-        low = 20000 + (low % 20000)
+        # Each node its own worker-port range, between the Ray Client server's per-job
+        # servers (23000-23999: a worker holding one of those ports fails the next client's
+        # connection) and the kernel's ephemeral ports (32768 up, where the GCS and client
+        # ports come from). A random start per cluster, then one 250-port step per node.
+        if not self._first_range:
+            self._first_range = 1 + free_port(NODE_IP) % 16
+        step = (self._first_range + len(self.processes)) % 32
+        low = 24100 + 250 * step
         return ["--min-worker-port", str(low), "--max-worker-port", str(low + 200)]
 
     def _start(self, args: list[str], env: dict) -> None:

@@ -89,6 +89,23 @@ def list_slices() -> list[SliceInfo]:
     return sorted(found, key=lambda s: (s.shape.generation.name, s.shape.chips, s.name))
 
 
+def _wait_until_given_back(group_id: str, timeout_s: float = 10.0) -> None:
+    """Until no node holds resources of the removed placement group (Ray names them
+    ``<resource>_group_<id>``). Ray removes a group in the background, so without this a
+    ``list_slices()`` or a reservation right after a release could still see the slice
+    in use."""
+    suffix = f"_group_{group_id}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        held = [name for resources in _free_resources_per_node().values()
+                for name in resources if name.endswith(suffix)]
+        if not held:
+            return
+        time.sleep(0.05)
+    log.warning("the slice's chips were not all given back %.0f s after its release",
+                timeout_s)
+
+
 @dataclass(frozen=True)
 class Chip:
     """One chip of a reserved slice: a bundle of the placement group."""
@@ -252,7 +269,9 @@ class Slice:
         _held.discard(self)
         if ray.is_initialized():
             self._run_release_hooks()
+            group_id = self.placement_group.id.hex()
             self._finalizer()
+            _wait_until_given_back(group_id)
         else:
             # Disconnected (or the cluster is gone): Ray already removed the placement
             # group with the driver's job; calling into Ray now would start a new instance.
