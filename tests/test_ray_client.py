@@ -89,8 +89,6 @@ DRIVER = textwrap.dedent("""
         checkpoint_every=2, eval_every=0), on_update=lose_a_learner)
     out["anakin"] = {"restarts": result.restarts, "updates": result.updates,
                      "digests": len(set(result.chip_state_digests))}
-    result = wb.train(tpu_slice, wb.TrainConfig(total_env_steps=4 * 4096, eval_every=2))
-    out["actors"] = {"updates": result.updates, "digests": len(set(result.chip_state_digests))}
     picker.release()
     out["groups_left"] = [k for k, g in ray.util.placement_group_table().items()
                           if g["state"] != "REMOVED"]
@@ -116,7 +114,6 @@ def test_a_notebook_style_driver_does_everything_through_ray_client(kuberay, tmp
     assert len({name for _, name in out["multi_host"]}) == 1
     # A learner killed through Ray Client: the run restarted from its checkpoint.
     assert out["anakin"]["restarts"] == 1 and out["anakin"]["digests"] == 1
-    assert out["actors"] == {"updates": 4, "digests": 1}
     assert out["groups_left"] == []
 
 
@@ -129,7 +126,7 @@ def test_the_quickstart_notebook_joins_the_cluster_through_ray_address(kuberay, 
     monkeypatch.setenv("WORKBENCH_RUNS", str(tmp_path / "runs"))
     output = tmp_path / "quickstart.ipynb"
     parameters = {**CI_PARAMETERS["01_quickstart.ipynb"], "topology": "2x2",
-                  "total_env_steps": 40_960, "min_final_return": 20.0}
+                  "total_env_steps": 20_480, "min_final_return": 20.0}
     pm.execute_notebook(str(ROOT / "notebooks" / "01_quickstart.ipynb"), str(output),
                         parameters=parameters, kernel_name="python3", cwd=str(tmp_path),
                         progress_bar=False, execution_timeout=600)

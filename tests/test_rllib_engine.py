@@ -74,7 +74,7 @@ def test_sigterm_to_the_cli_keeps_a_checkpoint_the_next_command_resumes_from(sim
     run_dir = tmp_path / "evicted"
     command = [WORKBENCH, "train", "--engine", "rllib", "--algo", "PPO", "--env",
                "CartPole-v1", "--set", "lr=0.0003", "--set", "num_epochs=6",
-               "--set", "num_env_runners=2", "--checkpoint-every", "2",
+               "--set", "num_env_runners=2", "--learners", "1", "--checkpoint-every", "2",
                "--run-dir", str(run_dir), "--address", sim_cluster.address]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     process, lines = start_until_progress([*command, "--total-env-steps", "400000"], env)
@@ -104,9 +104,7 @@ def test_sigterm_to_the_cli_keeps_a_checkpoint_the_next_command_resumes_from(sim
     assert record["resumed_from_update"] == stopped_at
     assert record["updates"] == stopped_at + 4
     assert record["curve"][0]["env_steps"] == (stopped_at + 1) * 4000
-    # RLlib's data-parallel learners, one per chip, end with the same weights.
-    digests = record["chip_state_digests"]
-    assert len(digests) == 4 and len(set(digests)) == 1
+    assert len(record["chip_state_digests"]) == 1  # the one learner asked for
     # It learned (a random CartPole policy returns about 20).
     assert record["curve"][-1]["mean_return_100"] > 50, record["curve"]
     assert f"iteration-{stopped_at + 4}" in record["checkpoint"]
@@ -116,26 +114,29 @@ def test_sigterm_to_the_cli_keeps_a_checkpoint_the_next_command_resumes_from(sim
     assert set(live_actor_names()) <= actors_before
 
 
-def test_dqn_sac_and_appo_train_with_a_learner_on_every_chip(two_by_two):
-    """One iteration each (RLlib's defaults, two env runners): RLlib's value-based,
-    continuous-action and asynchronous algorithms through the same placement."""
+def test_dqn_sac_and_appo_train_through_the_slices_placement(two_by_two):
+    """One iteration each (RLlib's defaults): RLlib's value-based, continuous-action and
+    asynchronous algorithms through the same placement. APPO takes every chip; DQN and SAC
+    one learner and one env runner (each RLlib process costs seconds of imports here)."""
     from workbench.engine.rllib.algorithms import rllib_config
 
     actors_before = set(live_actor_names())
-    for algo, env in (("DQN", "CartPole-v1"), ("SAC", "Pendulum-v1"), ("APPO", "CartPole-v1")):
-        config = rllib_config(algo, env, settings=("num_env_runners=2",)).learners(
-            num_learners=4)
+    for algo, env, learners, runners in (("DQN", "CartPole-v1", 1, 1),
+                                         ("SAC", "Pendulum-v1", 1, 1),
+                                         ("APPO", "CartPole-v1", 4, 2)):
+        config = rllib_config(algo, env, settings=(f"num_env_runners={runners}",)).learners(
+            num_learners=learners)
         seen = []
         result = wb.train_rllib(two_by_two, config, wb.RLlibOptions(total_env_steps=1),
                                 on_update=lambda row, seen=seen: seen.append(
                                     _slice_resources_free(two_by_two)))
-        # Four learners took the four chips and a CPU each, two env runners a CPU each:
-        # the run is inside the reservation (8 CPUs, 2 per chip).
-        assert seen[0] == {"TPU": 0.0, "CPU": 2.0}, algo
+        # Each learner took a chip and a CPU, each env runner a CPU: the run is inside the
+        # reservation (8 CPUs, 2 per chip).
+        assert seen[0] == {"TPU": 4.0 - learners, "CPU": 8.0 - learners - runners}, algo
         assert (result.engine, result.algo, result.env) == ("rllib", algo, env)
         assert result.env_steps > 0
         assert result.checkpoint.endswith(f"iteration-{result.updates}")
-        assert len(result.chip_state_digests) == 4, algo
+        assert len(result.chip_state_digests) == learners, algo
         assert len(set(result.chip_state_digests)) == 1, algo
         # RLlib's actors are gone; the slice (the user's) is still held.
         assert _all_given_back(two_by_two, actors_before), algo
@@ -161,13 +162,13 @@ def test_a_killed_env_runner_comes_back_inside_the_slice_and_the_run_goes_on(two
         elif row["update"] == 4:
             seen.append(_slice_resources_free(two_by_two))
 
-    result = wb.train_rllib(two_by_two, _ppo(), wb.RLlibOptions(total_env_steps=16_000),
-                            on_update=on_update)
+    # One learner: the env runners are what this is about.
+    result = wb.train_rllib(two_by_two, _ppo().learners(num_learners=1),
+                            wb.RLlibOptions(total_env_steps=16_000), on_update=on_update)
     assert result.updates == 4 and result.env_steps >= 16_000
-    assert len(set(result.chip_state_digests)) == 1
     # Ray restarted it (RLlib asks for restarts) in its bundle of the slice: the slice's
     # CPUs are as used as before the kill, and nothing runs outside the reservation.
-    assert seen == [{"TPU": 0.0, "CPU": 2.0}]
+    assert seen == [{"TPU": 3.0, "CPU": 5.0}]
     restarted = actors()[killed[0]]
     assert restarted["NumRestarts"] >= 1, restarted
     assert _all_given_back(two_by_two, actors_before)
