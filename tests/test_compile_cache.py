@@ -99,3 +99,30 @@ def test_the_key_tells_programs_ranks_and_runtimes_apart():
 
 if __name__ == "__main__":
     _group_step(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+
+
+def test_a_process_keeps_its_compiled_programs_loaded_between_runs():
+    """A learner kept warm runs the next run's update without loading or compiling it
+    again; a program with the same text but another argument structure is its own."""
+    import jax
+    import jax.numpy as jnp
+
+    from workbench.learn import compile_cache
+
+    def make_update():
+        def total(tree):
+            return sum(jnp.sum(leaf) for leaf in jax.tree.leaves(tree))
+        return total
+
+    total = make_update()
+    x = jnp.ones(4)
+    first = compile_cache.load_or_compile(jax.jit(total).lower((x, x)))
+    # A new function object, as a new run's learner makes: the same program.
+    again = compile_cache.load_or_compile(jax.jit(make_update()).lower((x, x)))
+    assert again is first and float(again((x, x))) == 8.0
+    as_dict = compile_cache.load_or_compile(jax.jit(total).lower({"a": x, "b": x}))
+    assert as_dict is not first and float(as_dict({"a": x, "b": x})) == 8.0
+    # Only the most recent programs stay loaded.
+    for size in range(5, 5 + compile_cache.IN_MEMORY_PROGRAMS):
+        compile_cache.load_or_compile(jax.jit(total).lower((jnp.ones(size),)))
+    assert compile_cache.load_or_compile(jax.jit(total).lower((x, x))) is not first

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import tempfile
+from collections import OrderedDict
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,29 @@ def load_or_compile(lowered, directory: str | None = None):
     loaded from a file does not carry everything needed to serialize it again.
     """
     import jax
+
+    # The pytree structures are part of the key: one program text can serve two argument
+    # structures, and a compiled program accepts only the one it was lowered for.
+    name = program_key(f"{lowered.as_text()}\0{lowered.in_tree}\0{lowered.out_tree}",
+                       jax.process_index(), jax.process_count(), _runtime_description())
+    compiled = _in_memory.get(name)
+    if compiled is None:
+        compiled = _load_or_compile(lowered, name, directory)
+    _in_memory[name] = compiled
+    _in_memory.move_to_end(name)
+    while len(_in_memory) > IN_MEMORY_PROGRAMS:
+        _in_memory.popitem(last=False)
+    return compiled
+
+
+IN_MEMORY_PROGRAMS = 8
+"""Compiled programs a process keeps loaded: a learner kept warm between runs (or a
+benchmark repeating a run in one process) gets its program without reading it again."""
+_in_memory: OrderedDict = OrderedDict()
+
+
+def _load_or_compile(lowered, name: str, directory: str | None):
+    import jax
     from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
     if jax.process_index() == 0:
@@ -91,8 +115,6 @@ def load_or_compile(lowered, directory: str | None = None):
         if root is None:
             return lowered.compile()
         directory = os.path.join(root, "per-process")
-    name = program_key(lowered.as_text(), jax.process_index(), jax.process_count(),
-                       _runtime_description())
     path = os.path.join(directory, name)
     if os.path.exists(path):
         try:
