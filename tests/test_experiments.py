@@ -4,6 +4,7 @@ evaluated, drawn and served over real HTTP with good and bad requests."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -102,6 +103,40 @@ def test_a_stopped_sweep_ends_after_its_current_update_and_each_trial_is_tracked
         assert [m.step for m in history] == [r["env_steps"] for r in trial["curve"]]
         assert history[-1].value == pytest.approx(trial["curve"][-1]["loss"], rel=1e-5)
         assert tracked.info.status == "FINISHED"
+
+
+def test_a_chip_that_stops_answering_fails_the_sweep_instead_of_hanging_it(two_by_two,
+                                                                         tmp_path):
+    import time
+
+    import psutil
+    from ray._private.state import actors
+
+    from workbench.engine.sweep import SweepFailed
+
+    before = set(live_actors())
+    config = TrainConfig(**CATCH, total_env_steps=400 * 8 * 16, progress_timeout_s=5,
+                         run_dir=str(tmp_path / "s"))
+    stopped: list[float] = []
+
+    def hang_chip_1(trial: int, row: dict) -> None:
+        if row["update"] >= 2 and not stopped:
+            (pid,) = [a["Pid"] for a in actors().values() if a["State"] == "ALIVE"
+                      and a.get("Name", "").endswith(":sweep-1")]
+            psutil.Process(pid).suspend()  # SIGSTOP: alive, holding its chip, answering nothing
+            stopped[:] = [pid, time.monotonic()]
+
+    # Whichever comes first ends it: the other chips' progress stops (progress_timeout_s),
+    # or jax.distributed takes them down when the stopped chip misses its heartbeats.
+    with pytest.raises(SweepFailed, match="chip"):
+        sweep(two_by_two, config, seeds=4, on_update=hang_chip_1)
+    assert time.monotonic() - stopped[1] < 60
+    # Every chip's actor was stopped; the suspended one's process goes once Ray's kill
+    # reaches it (a stopped process cannot exit by itself).
+    assert set(live_actors()) <= before
+    with contextlib.suppress(psutil.NoSuchProcess):
+        _, alive = psutil.wait_procs([psutil.Process(stopped[0])], timeout=30)
+        assert all(p.status() == psutil.STATUS_ZOMBIE for p in alive)
 
 
 def test_tensorboard_reads_a_tracked_run_without_tensorflow(trained_cartpole):

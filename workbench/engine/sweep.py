@@ -195,6 +195,27 @@ class TrialsActor:
 
 # ---- the sweep ---------------------------------------------------------------------------
 
+class SweepFailed(RuntimeError):
+    """A chip of a sweep's program failed, or the chips stopped sending updates; the
+    program's actors are stopped."""
+
+
+def _raise_first_failure(runs: list, done: list) -> None:
+    """Raise SweepFailed for the first chip whose finished run failed: the other chips may
+    be waiting for it in a collective, or be taken down with it."""
+    import ray
+
+    for rank, run in enumerate(runs):
+        if run not in done:
+            continue
+        try:
+            ray.get(run)
+        except ray.exceptions.RayError as error:
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise SweepFailed(f"The sweep's chip {rank} failed: {type(error).__name__}: "
+                              f"{reason}") from error
+
+
 @dataclass
 class _Curves:
     """The driver's per-trial logs."""
@@ -462,18 +483,40 @@ class _SweepRun:
             kill_and_wait(actors + [board])
 
     def _watch(self, group: ProgramGroup, board, runs: list, actors: list) -> None:
+        """Until every chip's run has ended, passing records on and stops in. A chip whose
+        run failed fails the sweep at once (the others may wait for it in a collective);
+        chips that send no update for ``progress_timeout_s`` fail it too.
+
+        Raises:
+            SweepFailed: a chip's run failed (its actor died, or its program raised), or
+                the chips still running sent no update for ``progress_timeout_s``.
+        """
         import ray
 
         self._seen = 0
         stop_sent = False
+        timeout_s = group.trials[0].point.config.progress_timeout_s
+        progress = (0, 0)
+        last_progress = time.monotonic()
         while True:
             done, _ = ray.wait(runs, num_returns=len(runs), timeout=self.poll_s)
+            _raise_first_failure(runs, done)
             self._drain(group, board)
+            if (self._seen, len(done)) != progress:
+                progress, last_progress = (self._seen, len(done)), time.monotonic()
             if not stop_sent and self._wants_stop():
                 self.stopped = stop_sent = True
                 ray.get([a.request_stop.remote() for a in actors], timeout=30)
             if len(done) == len(runs):
                 return
+            if timeout_s and time.monotonic() - last_progress > timeout_s:
+                waiting = [rank for rank, run in enumerate(runs) if run not in done]
+                raise SweepFailed(
+                    f"The sweep's chips {waiting} sent no update for {timeout_s:g} s "
+                    f"(progress_timeout_s): a chip's program stopped answering. Its actors "
+                    "are stopped; run the sweep again, or raise progress_timeout_s for "
+                    "updates that take longer."
+                )
 
     def _drain(self, group: ProgramGroup, board) -> None:
         import ray
