@@ -143,12 +143,14 @@ def test_dqn_sac_and_appo_train_through_the_slices_placement(two_by_two):
         assert ray.util.placement_group_table(two_by_two.placement_group)["state"] == "CREATED"
 
 
-def test_a_killed_env_runner_comes_back_inside_the_slice_and_the_run_goes_on(two_by_two):
+def test_a_killed_env_runner_comes_back_and_a_killed_learner_restarts_from_a_checkpoint(
+        two_by_two, tmp_path):
     from ray._private.state import actors
 
-    def env_runners() -> dict[str, dict]:
+    def live(class_name: str) -> dict[str, dict]:
+        """Live actors whose class name ends with ``class_name``."""
         return {actor_id: a for actor_id, a in actors().items()
-                if a["ActorClassName"] == "SingleAgentEnvRunner" and a["State"] != "DEAD"}
+                if a["ActorClassName"].endswith(class_name) and a["State"] != "DEAD"}
 
     actors_before = set(live_actor_names())
     killed: list[str] = []
@@ -156,21 +158,30 @@ def test_a_killed_env_runner_comes_back_inside_the_slice_and_the_run_goes_on(two
 
     def on_update(row: dict) -> None:
         if row["update"] == 1:
-            actor_id, victim = sorted(env_runners().items())[0]
+            actor_id, victim = sorted(live("SingleAgentEnvRunner").items())[0]
             os.kill(victim["Pid"], signal.SIGKILL)  # the process dies as a lost pod's would
             killed.append(actor_id)
-        elif row["update"] == 4:
+        elif row["update"] == 4 and not seen:
             seen.append(_slice_resources_free(two_by_two))
+            # Then a learner: the checkpoint of update 4 can no longer be written.
+            # Ray Train runs each learner in its wrapper class.
+            (learner,) = live("._WrappedExecutable").values()
+            os.kill(learner["Pid"], signal.SIGKILL)
 
-    # One learner: the env runners are what this is about.
-    result = wb.train_rllib(two_by_two, _ppo().learners(num_learners=1),
-                            wb.RLlibOptions(total_env_steps=16_000), on_update=on_update)
-    assert result.updates == 4 and result.env_steps >= 16_000
-    # Ray restarted it (RLlib asks for restarts) in its bundle of the slice: the slice's
-    # CPUs are as used as before the kill, and nothing runs outside the reservation.
+    # One learner: the env runners are what the first kill is about. A checkpoint each
+    # iteration, so the learner's loss costs one.
+    result = wb.train_rllib(two_by_two, _ppo().learners(num_learners=1), wb.RLlibOptions(
+        total_env_steps=20_000, checkpoint_every=1, run_dir=str(tmp_path / "run")),
+        on_update=on_update)
+    # Ray restarted the env runner (RLlib asks for restarts) in its bundle of the slice: the
+    # slice's CPUs were as used as before the kill, and nothing ran outside the reservation.
     assert seen == [{"TPU": 3.0, "CPU": 5.0}]
-    restarted = actors()[killed[0]]
-    assert restarted["NumRestarts"] >= 1, restarted
+    assert actors()[killed[0]]["NumRestarts"] >= 1
+    # The lost learner restarted the algorithm from update 3's checkpoint on an intact 2x2.
+    assert result.restarts == 1 and result.env_steps_redone == 4000, result.curve
+    assert [row["update"] for row in result.curve] == [1, 2, 3, 4, 5]
+    assert result.updates == 5 and result.env_steps >= 20_000
+    assert result.checkpoint.endswith("iteration-5")
     assert _all_given_back(two_by_two, actors_before)
 
 

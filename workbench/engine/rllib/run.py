@@ -53,12 +53,25 @@ class RLlibOptions:
     run_dir: str | None = None
     """The run's folder; a new one under ``./runs`` (or ``$WORKBENCH_RUNS``) by default. A
     folder that holds a checkpoint is resumed from its latest one."""
+    max_restarts: int = 2
+    """Times a lost learner (killed, or its host lost) restarts the algorithm on an intact
+    slice from the last checkpoint before the run fails."""
+    recover_timeout_s: float = 300.0
+    """How long a restart waits for an intact slice of the same shape."""
 
     def __post_init__(self) -> None:
         for name in ("total_env_steps", "checkpoint_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}.")
+        restarts = self.max_restarts
+        if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+            raise ValueError(f"max_restarts must be a whole number of at least 0, got "
+                             f"{restarts!r}.")
+        timeout = self.recover_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ValueError(f"recover_timeout_s must be a positive number of seconds, got "
+                             f"{timeout!r}.")
         target = self.target_return
         if target is not None and (isinstance(target, bool)
                                    or not isinstance(target, (int, float))):
@@ -97,6 +110,26 @@ def _save(algorithm, run_dir: Path, iteration: int) -> str:
     folder = make_private_dir(run_dir / "checkpoints") / f"{CHECKPOINT_PREFIX}{iteration}"
     algorithm.save_to_path(str(folder))
     return str(folder)
+
+
+class LearnerLost(RuntimeError):
+    """A learner of an RLlib run died (killed, or its host was lost)."""
+
+
+def _lost_learners(algorithm) -> int:
+    """How many of the algorithm's remote learners are dead (RLlib's learners have no
+    fault tolerance of their own: a dead one fails every later update)."""
+    import ray
+
+    group = algorithm.learner_group
+    if group is None or group.is_local:
+        return 0
+    # Survivors may still be failing out of a collective with the dead one; they are not
+    # waited for: a dead actor answers with its error at once.
+    answers = group.foreach_learner(lambda learner: None, healthy_only=False,
+                                    timeout_seconds=10)
+    return sum(not answer.ok and isinstance(answer.get(), ray.exceptions.RayActorError)
+               for answer in answers)
 
 
 def _host_platform(tpu_slice) -> str:
@@ -209,34 +242,35 @@ def train_rllib(tpu_slice, config, options: RLlibOptions | None = None, *,
 def run_planned_rllib(tpu_slice, plan: RLlibPlan,
                       on_update: Callable[[dict], None] | None = None,
                       should_stop: Callable[[], bool] | None = None) -> TrainResult:
-    """Build the planned algorithm inside the slice and train it (see :func:`train_rllib`)."""
+    """Build the planned algorithm inside the slice and train it (see :func:`train_rllib`).
+    A lost learner restarts it on an intact slice from the last checkpoint, up to
+    ``plan.options.max_restarts`` times.
+
+    Raises:
+        LearnerLost: a learner was lost once more than ``max_restarts`` allows.
+        SliceUnavailableError: no intact slice came back for a restart in time.
+    """
     from workbench.engine.rllib.backend import learner_backend
-    from workbench.engine.rllib.placement import bind, building_on, placed_config
     from workbench.engine.stops import registered
     from workbench.engine.warm import stop_kept_learners
 
     started = time.monotonic()
     backend = learner_backend(_host_platform(tpu_slice))
-    placed, placement = placed_config(plan.config, tpu_slice, backend)
     # Learners an earlier JAX run kept warm hold the chips RLlib's learners need.
     stop_kept_learners(tpu_slice)
     # SIGTERM (a pod evicted) stops the loop after its current iteration, which then
     # checkpoints like any stop; the process waits for the algorithm to be shut down too.
     terminated = threading.Event()
-    with registered(terminated):
-        with building_on(placement):
-            algorithm = placed.build_algo()
-        bind(algorithm, placement)
-        try:
-            iteration = 0
-            if plan.resume is not None:
-                with building_on(placement):
-                    algorithm.restore_from_path(str(plan.resume[1]))
-                iteration = plan.resume[0]
-            return _loop(algorithm, placement, tpu_slice, plan, iteration, started, on_update,
+    training = _Training(tpu_slice, plan, backend, started, on_update,
                          lambda: terminated.is_set() or bool(should_stop and should_stop()))
-        finally:
-            algorithm.stop()
+    with registered(terminated):
+        resume = plan.resume
+        while True:
+            try:
+                return training.attempt(resume)
+            except LearnerLost as lost:
+                training.recover(lost)
+                resume = latest_checkpoint(plan.run_dir)
 
 
 class RLlibRun(BackgroundRun):
@@ -267,60 +301,146 @@ class RLlibRun(BackgroundRun):
         return run_planned_rllib(self.tpu_slice, self.plan, self._on_row, self._stop.is_set)
 
 
-def _loop(algorithm, placement, tpu_slice, plan: RLlibPlan, iteration: int, started: float,
-          on_update, should_stop) -> TrainResult:
-    from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
+class _Training:
+    """One RLlib run across its attempts: the curve so far, and what restarts cost."""
 
-    from workbench.engine.rllib.placement import building_on
+    def __init__(self, tpu_slice, plan: RLlibPlan, backend, started: float, on_update,
+                 should_stop) -> None:
+        self.slice, self.plan, self.backend = tpu_slice, plan, backend
+        self.started, self.on_update, self.should_stop = started, on_update, should_stop
+        self.rows: list[dict] = []
+        self.loop_s = 0.0
+        self.startup_s: float | None = None
+        self.first_steps: int | None = None
+        self.restarts = 0
+        self.recovery_s = 0.0
+        self.env_steps_redone = 0
 
-    config, options, run_dir = plan.config, plan.options, plan.run_dir
-    first_iteration = iteration
-    startup_s = time.monotonic() - started
-    loop_s = 0.0
-    # A resumed algorithm's counters go on from its checkpoint.
-    steps = first_steps = int(algorithm.metrics.peek(
-        (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0))
-    rows: list[dict] = []
-    hit_s = hit_steps = None
-    checkpoint = None
-    try:
-        while steps < options.total_env_steps and not should_stop():
-            tick = time.monotonic()
+    def attempt(self, resume: tuple[int, Path] | None) -> TrainResult:
+        """Build the algorithm on the slice, restore ``resume`` and train to the end."""
+        from workbench.engine.rllib.placement import bind, building_on, placed_config
+
+        placed, placement = placed_config(self.plan.config, self.slice, self.backend)
+        with building_on(placement):
+            algorithm = placed.build_algo()
+        bind(algorithm, placement)
+        try:
+            iteration = 0
+            if resume is not None:
+                with building_on(placement):
+                    algorithm.restore_from_path(str(resume[1]))
+                iteration = resume[0]
+            self._rewind(iteration)
+            return self._loop(algorithm, placement, iteration)
+        finally:
+            try:
+                algorithm.stop()
+            except Exception:  # after a lost learner; the slice's release removes the rest
+                log.warning("stopping the RLlib algorithm failed", exc_info=True)
+
+    def _rewind(self, iteration: int) -> None:
+        """Drop the rows after the checkpoint a restart continues from."""
+        kept = [row for row in self.rows if row["update"] <= iteration]
+        if len(kept) < len(self.rows):
+            steps_then = kept[-1]["env_steps"] if kept else (self.first_steps or 0)
+            self.env_steps_redone += self.rows[-1]["env_steps"] - steps_then
+        self.rows = kept
+
+    def recover(self, lost: LearnerLost) -> None:
+        """Hold an intact slice of the same shape in place of this one, for a restart.
+
+        Raises:
+            LearnerLost: past ``max_restarts``.
+        """
+        if self.restarts >= self.plan.options.max_restarts:
+            raise LearnerLost(
+                f"{lost} (after {self.restarts} restart(s), the most max_restarts allows). "
+                "Check the cluster's hosts with wb.list_slices()."
+            ) from lost
+        log.warning("%s; restarting on an intact slice from the last checkpoint", lost)
+        recovering = time.monotonic()
+        self.slice.recover(timeout_s=self.plan.options.recover_timeout_s)
+        self.restarts += 1
+        self.recovery_s += time.monotonic() - recovering
+
+    @staticmethod
+    def _guarded(algorithm, action: Callable[[], Any]) -> Any:
+        """``action()``; a failure that comes from a dead learner raises LearnerLost."""
+        try:
+            return action()
+        except Exception as error:
+            lost = _lost_learners(algorithm)
+            if lost:
+                raise LearnerLost(f"{lost} RLlib learner(s) lost "
+                                  f"({type(error).__name__})") from error
+            raise
+
+    def _train_once(self, algorithm, placement) -> dict:
+        from workbench.engine.rllib.placement import building_on
+
+        def train() -> dict:
             with building_on(placement):  # env runners RLlib replaces stay on the slice
-                result = algorithm.train()
-            loop_s += time.monotonic() - tick
-            iteration += 1
-            row = _row(result, iteration, loop_s, steps, first_steps)
-            steps = row["env_steps"]
-            rows.append(row)
-            if on_update is not None:
-                on_update(row)
-            mean = row["mean_return_100"]
-            if options.target_return is not None and mean is not None and \
-                    mean >= options.target_return:
-                hit_s, hit_steps = loop_s, steps
-                break
-            if iteration % options.checkpoint_every == 0:
-                checkpoint = _save(algorithm, run_dir, iteration)
-    except KeyboardInterrupt:
-        # Ctrl-C in a cell that trains in the foreground: keep what was learned.
-        if iteration > first_iteration:
-            _save(algorithm, run_dir, iteration)
-        raise
-    if iteration > first_iteration:
-        checkpoint = _save(algorithm, run_dir, iteration)
-    last = next((r["mean_return_100"] for r in reversed(rows)
-                 if r["mean_return_100"] is not None), float("nan"))
-    shape = tpu_slice.shape
-    return TrainResult(
-        env_steps=steps, wall_s=loop_s, final_return=last,
-        env_steps_per_s=(steps - first_steps) / loop_s if loop_s else 0.0,
-        time_to_eval_target_s=None,
-        time_to_train_target_s=hit_s, env_steps_to_train_target=hit_steps,
-        startup_s=startup_s, generation=shape.generation.name, topology=shape.topology,
-        chips=tpu_slice.num_chips, hosts=tpu_slice.num_hosts, engine="rllib",
-        mode="actors", algo=algo_name(config), env=str(config.env), sync="gradients",
-        seed=int(config.seed or 0), updates=iteration, checkpoint=checkpoint,
-        run_dir=str(run_dir), target_return=options.target_return,
-        resumed_from_update=first_iteration or None,
-        chip_state_digests=_learner_digests(algorithm), curve=rows)
+                return algorithm.train()
+
+        return self._guarded(algorithm, train)
+
+    def _save(self, algorithm, iteration: int) -> str:
+        return self._guarded(algorithm, lambda: _save(algorithm, self.plan.run_dir, iteration))
+
+    def _loop(self, algorithm, placement, iteration: int) -> TrainResult:
+        from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
+
+        config, options, run_dir = self.plan.config, self.plan.options, self.plan.run_dir
+        first_iteration = self.plan.resume[0] if self.plan.resume else 0
+        if self.startup_s is None:
+            self.startup_s = time.monotonic() - self.started
+        # A resumed algorithm's counters go on from its checkpoint.
+        steps = int(algorithm.metrics.peek(
+            (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME), default=0))
+        if self.first_steps is None:
+            self.first_steps = steps
+        hit_s = hit_steps = None
+        checkpoint = None
+        started_at = iteration
+        try:
+            while steps < options.total_env_steps and not self.should_stop():
+                tick = time.monotonic()
+                result = self._train_once(algorithm, placement)
+                self.loop_s += time.monotonic() - tick
+                iteration += 1
+                row = _row(result, iteration, self.loop_s, steps, self.first_steps)
+                steps = row["env_steps"]
+                self.rows.append(row)
+                if self.on_update is not None:
+                    self.on_update(row)
+                mean = row["mean_return_100"]
+                if options.target_return is not None and mean is not None and \
+                        mean >= options.target_return:
+                    hit_s, hit_steps = self.loop_s, steps
+                    break
+                if iteration % options.checkpoint_every == 0:
+                    checkpoint = self._save(algorithm, iteration)
+        except KeyboardInterrupt:
+            # Ctrl-C in a cell that trains in the foreground: keep what was learned.
+            if iteration > started_at:
+                _save(algorithm, run_dir, iteration)
+            raise
+        if iteration > started_at:
+            checkpoint = self._save(algorithm, iteration)
+        last = next((r["mean_return_100"] for r in reversed(self.rows)
+                     if r["mean_return_100"] is not None), float("nan"))
+        shape = self.slice.shape
+        return TrainResult(
+            env_steps=steps, wall_s=self.loop_s, final_return=last,
+            env_steps_per_s=(steps - self.first_steps) / self.loop_s if self.loop_s else 0.0,
+            time_to_eval_target_s=None,
+            time_to_train_target_s=hit_s, env_steps_to_train_target=hit_steps,
+            startup_s=self.startup_s, generation=shape.generation.name,
+            topology=shape.topology, chips=self.slice.num_chips, hosts=self.slice.num_hosts,
+            engine="rllib", mode="actors", algo=algo_name(config), env=str(config.env),
+            sync="gradients", seed=int(config.seed or 0), updates=iteration,
+            checkpoint=checkpoint, run_dir=str(run_dir), target_return=options.target_return,
+            resumed_from_update=first_iteration or None, restarts=self.restarts,
+            recovery_s=round(self.recovery_s, 3), env_steps_redone=self.env_steps_redone,
+            chip_state_digests=self._guarded(algorithm, lambda: _learner_digests(algorithm)),
+            curve=self.rows)
