@@ -84,15 +84,17 @@ def load_or_compile(lowered, directory: str | None = None):
     """
     import jax
 
-    # The pytree structures are part of the key: one program text can serve two argument
-    # structures, and a compiled program accepts only the one it was lowered for.
-    name = program_key(f"{lowered.as_text()}\0{lowered.in_tree}\0{lowered.out_tree}",
-                       jax.process_index(), jax.process_count(), _runtime_description())
-    compiled = _in_memory.get(name)
+    name = program_key(lowered.as_text(), jax.process_index(), jax.process_count(),
+                       _runtime_description())
+    # The pytree structures are part of what stays loaded: one program text can serve two
+    # argument structures, and a loaded program accepts only the one it was lowered for
+    # (a program read from disk takes them from ``lowered``).
+    loaded = (name, str(lowered.in_tree), str(lowered.out_tree))
+    compiled = _in_memory.get(loaded)
     if compiled is None:
         compiled = _load_or_compile(lowered, name, directory)
-    _in_memory[name] = compiled
-    _in_memory.move_to_end(name)
+    _in_memory[loaded] = compiled
+    _in_memory.move_to_end(loaded)
     while len(_in_memory) > IN_MEMORY_PROGRAMS:
         _in_memory.popitem(last=False)
     return compiled
