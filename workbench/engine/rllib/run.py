@@ -60,22 +60,17 @@ class RLlibOptions:
     """How long a restart waits for an intact slice of the same shape."""
 
     def __post_init__(self) -> None:
+        from workbench.engine.fields import ConfigError, check_finite, check_whole
+
         for name in ("total_env_steps", "checkpoint_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}.")
-        restarts = self.max_restarts
-        if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
-            raise ValueError(f"max_restarts must be a whole number of at least 0, got "
-                             f"{restarts!r}.")
-        timeout = self.recover_timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise ValueError(f"recover_timeout_s must be a positive number of seconds, got "
-                             f"{timeout!r}.")
-        target = self.target_return
-        if target is not None and (isinstance(target, bool)
-                                   or not isinstance(target, (int, float))):
-            raise ValueError(f"target_return must be a number or None, got {target!r}.")
+            check_whole(name, getattr(self, name), 1)
+        check_whole("max_restarts", self.max_restarts, 0)
+        check_finite("recover_timeout_s", self.recover_timeout_s)
+        if self.recover_timeout_s <= 0:
+            raise ConfigError("recover_timeout_s", f"must be a positive number of seconds, "
+                                                   f"got {self.recover_timeout_s!r}.")
+        if self.target_return is not None:
+            check_finite("target_return", self.target_return)
 
 
 def _run_dir(config, options: RLlibOptions) -> Path:
