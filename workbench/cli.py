@@ -685,7 +685,7 @@ def _flag_fields(argv: list[str]) -> set[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from workbench.engine.attempt import ChipLost
+    from workbench.engine.restarts import ChipLost
     from workbench.engine.stops import Terminated, handle_termination
     from workbench.learn.platform import DistributedStartError
 

@@ -6,12 +6,12 @@ Knows no algorithm's math and no mode's program: both come as data from
 :mod:`workbench.algos` and :mod:`workbench.learn`.
 """
 
-from workbench.engine.attempt import ChipLost
 from workbench.engine.config import TrainConfig
 from workbench.engine.engines import train
 from workbench.engine.fields import ConfigError
 from workbench.engine.loading import LoadedPolicy, load
 from workbench.engine.playback import evaluate_run
+from workbench.engine.restarts import ChipLost
 from workbench.engine.result import TrainResult
 from workbench.engine.rllib import RLlibOptions, train_rllib
 from workbench.engine.run import SweepRun, TrainingRun, start_run

@@ -11,15 +11,12 @@ from workbench.engine.actors import Checkpoints
 from workbench.engine.chip_group import attempt_prefix
 from workbench.engine.cluster_state import CPU_ONLY, kill_and_wait, remote, wait_until_dead
 from workbench.engine.plan import RunPlan
+from workbench.engine.restarts import ChipLost
 from workbench.engine.rollouts import RolloutKeeper
 from workbench.engine.warm import LearnerGroup, keep, start_group, take
 from workbench.learn import sync as sync_strategies
 
 log = logging.getLogger(__name__)
-
-class ChipLost(RuntimeError):
-    """A learner of the slice died (killed, or its host was lost)."""
-
 
 class Attempt:
     """The learners (and rollout actors) of one attempt at a run on the slice."""

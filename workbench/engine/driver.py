@@ -17,11 +17,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from workbench.engine.attempt import Attempt, ChipLost
+from workbench.engine.attempt import Attempt
 from workbench.engine.cluster_state import CPU_ONLY, head_node_affinity, kill_and_wait, remote
 from workbench.engine.config import TrainConfig
 from workbench.engine.metrics import MetricsBoard
 from workbench.engine.plan import RunPlan, check_slice, plan_run, slice_record
+from workbench.engine.restarts import ChipLost, hold_intact_slice
 from workbench.engine.result import TrainResult
 from workbench.engine.shipping import ship_by_value, user_code_of
 from workbench.engine.stops import registered
@@ -241,20 +242,13 @@ class _Run:
         """
         from workbench.engine.checkpoint import latest_step
 
-        config = self.plan.config
-        if self.restarts >= config.max_restarts:
-            raise ChipLost(
-                f"{lost} (after {self.restarts} restart(s), the most config.max_restarts "
-                "allows). Check the cluster's hosts with wb.list_slices()."
-            ) from lost
-        log.warning("%s; restarting on an intact slice", lost)
         self.attempt.kill()
-        recovering = time.monotonic()
-        self.slice.recover(timeout_s=self.options.recover_timeout_s)
+        self.recovery_s += hold_intact_slice(
+            self.slice, lost, self.restarts, self.plan.config.max_restarts,
+            self.options.recover_timeout_s, limit="config.max_restarts")
         self.restarts += 1
         self.identity = {**self.identity, "slice": slice_record(self.slice)}
         self.resume = latest_step(self.plan.checkpoint_dir) is not None
-        self.recovery_s += time.monotonic() - recovering
 
     # ---- step 4: the result -------------------------------------------------------------
 

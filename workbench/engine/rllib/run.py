@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.engine.background import BackgroundRun
+from workbench.engine.restarts import ChipLost, hold_intact_slice
 from workbench.engine.result import TrainResult
 
 log = logging.getLogger(__name__)
@@ -105,10 +106,6 @@ def _save(algorithm, run_dir: Path, iteration: int) -> str:
     folder = make_private_dir(run_dir / "checkpoints") / f"{CHECKPOINT_PREFIX}{iteration}"
     algorithm.save_to_path(str(folder))
     return str(folder)
-
-
-class LearnerLost(RuntimeError):
-    """A learner of an RLlib run died (killed, or its host was lost)."""
 
 
 def _lost_learners(algorithm) -> int:
@@ -242,7 +239,7 @@ def run_planned_rllib(tpu_slice, plan: RLlibPlan,
     ``plan.options.max_restarts`` times.
 
     Raises:
-        LearnerLost: a learner was lost once more than ``max_restarts`` allows.
+        ChipLost: a learner was lost once more than ``max_restarts`` allows.
         SliceUnavailableError: no intact slice came back for a restart in time.
     """
     from workbench.engine.rllib.backend import learner_backend
@@ -263,7 +260,7 @@ def run_planned_rllib(tpu_slice, plan: RLlibPlan,
         while True:
             try:
                 return training.attempt(resume)
-            except LearnerLost as lost:
+            except ChipLost as lost:
                 training.recover(lost)
                 resume = latest_checkpoint(plan.run_dir)
 
@@ -337,36 +334,30 @@ class _Training:
         """Drop the rows after the checkpoint a restart continues from."""
         kept = [row for row in self.rows if row["update"] <= iteration]
         if len(kept) < len(self.rows):
-            steps_then = kept[-1]["env_steps"] if kept else (self.first_steps or 0)
+            steps_then = kept[-1]["env_steps"] if kept else self.first_steps
             self.env_steps_redone += self.rows[-1]["env_steps"] - steps_then
         self.rows = kept
 
-    def recover(self, lost: LearnerLost) -> None:
+    def recover(self, lost: ChipLost) -> None:
         """Hold an intact slice of the same shape in place of this one, for a restart.
 
         Raises:
-            LearnerLost: past ``max_restarts``.
+            ChipLost: past ``max_restarts``.
         """
-        if self.restarts >= self.plan.options.max_restarts:
-            raise LearnerLost(
-                f"{lost} (after {self.restarts} restart(s), the most max_restarts allows). "
-                "Check the cluster's hosts with wb.list_slices()."
-            ) from lost
-        log.warning("%s; restarting on an intact slice from the last checkpoint", lost)
-        recovering = time.monotonic()
-        self.slice.recover(timeout_s=self.plan.options.recover_timeout_s)
+        options = self.plan.options
+        self.recovery_s += hold_intact_slice(self.slice, lost, self.restarts,
+                                             options.max_restarts, options.recover_timeout_s)
         self.restarts += 1
-        self.recovery_s += time.monotonic() - recovering
 
     @staticmethod
     def _guarded(algorithm, action: Callable[[], Any]) -> Any:
-        """``action()``; a failure that comes from a dead learner raises LearnerLost."""
+        """``action()``; a failure that comes from a dead learner raises ChipLost."""
         try:
             return action()
         except Exception as error:
             lost = _lost_learners(algorithm)
             if lost:
-                raise LearnerLost(f"{lost} RLlib learner(s) lost "
+                raise ChipLost(f"{lost} RLlib learner(s) lost "
                                   f"({type(error).__name__})") from error
             raise
 
