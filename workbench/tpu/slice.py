@@ -242,8 +242,7 @@ class Slice:
         """
         if self._released:
             raise ValueError("This slice has been released; reserve a new one instead.")
-        self._run_release_hooks()
-        self._finalizer()
+        self._give_back()
         try:
             fresh = reserve(self.shape, timeout_s=timeout_s, cpus_per_chip=self.cpus_per_chip,
                             keep_learners=self.keep_learners)
@@ -259,6 +258,14 @@ class Slice:
         for cached in ("chips", "hosts", "name"):
             self.__dict__.pop(cached, None)
 
+    def _give_back(self) -> None:
+        """Stop what the layers above keep on the slice, remove its placement group, and
+        return once Ray has dropped the group's resources."""
+        self._run_release_hooks()
+        group_id = self.placement_group.id.hex()
+        self._finalizer()
+        _wait_until_given_back(group_id)
+
     def release(self) -> None:
         """Give the slice back. Idempotent."""
         import ray
@@ -268,10 +275,7 @@ class Slice:
         self._released = True
         _held.discard(self)
         if ray.is_initialized():
-            self._run_release_hooks()
-            group_id = self.placement_group.id.hex()
-            self._finalizer()
-            _wait_until_given_back(group_id)
+            self._give_back()
         else:
             # Disconnected (or the cluster is gone): Ray already removed the placement
             # group with the driver's job; calling into Ray now would start a new instance.
