@@ -200,20 +200,19 @@ class SweepFailed(RuntimeError):
     program's actors are stopped."""
 
 
-def _raise_first_failure(runs: list, done: list) -> None:
-    """Raise SweepFailed for the first chip whose finished run failed: the other chips may
-    be waiting for it in a collective, or be taken down with it."""
+def _raise_if_failed(runs: list, finished: list) -> None:
+    """Raise SweepFailed for the first of ``finished`` (chips' runs that just ended) that
+    failed: the other chips may be waiting for it in a collective, or be taken down with
+    it."""
     import ray
 
-    for rank, run in enumerate(runs):
-        if run not in done:
-            continue
+    for run in finished:
         try:
             ray.get(run)
         except ray.exceptions.RayError as error:
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            raise SweepFailed(f"The sweep's chip {rank} failed: {type(error).__name__}: "
-                              f"{reason}") from error
+            reason = (str(error).strip().splitlines() or [""])[0]
+            raise SweepFailed(f"The sweep's chip {runs.index(run)} failed: "
+                              f"{type(error).__name__}: {reason}") from error
 
 
 @dataclass
@@ -496,14 +495,15 @@ class _SweepRun:
         self._seen = 0
         stop_sent = False
         timeout_s = group.trials[0].point.config.progress_timeout_s
-        progress = (0, 0)
-        last_progress = time.monotonic()
+        done: list = []
+        seen_then, last_progress = 0, time.monotonic()
         while True:
+            was_done = done
             done, _ = ray.wait(runs, num_returns=len(runs), timeout=self.poll_s)
-            _raise_first_failure(runs, done)
+            _raise_if_failed(runs, [run for run in done if run not in was_done])
             self._drain(group, board)
-            if (self._seen, len(done)) != progress:
-                progress, last_progress = (self._seen, len(done)), time.monotonic()
+            if self._seen != seen_then or len(done) != len(was_done):
+                seen_then, last_progress = self._seen, time.monotonic()
             if not stop_sent and self._wants_stop():
                 self.stopped = stop_sent = True
                 ray.get([a.request_stop.remote() for a in actors], timeout=30)
