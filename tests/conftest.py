@@ -60,12 +60,16 @@ def live_actors() -> list[str]:
 
 def live_actor_names() -> dict[str, str]:
     """Every live actor's id and its name ("" for an unnamed one)."""
+    return {actor_id: a.get("Name", "") for actor_id, a in live_actor_records().items()}
+
+
+def live_actor_records() -> dict[str, dict]:
+    """Every live actor's record in the GCS actor table (name, class, pid...), by id."""
     # The GCS actor table: the state API proper needs the dashboard, which the simulated
     # cluster leaves off to save memory.
     from ray._private.state import actors
 
-    return {actor_id: a.get("Name", "") for actor_id, a in actors().items()
-            if a["State"] != "DEAD"}
+    return {actor_id: a for actor_id, a in actors().items() if a["State"] != "DEAD"}
 
 
 def watch_stderr(process, lines: list[str]) -> threading.Thread:

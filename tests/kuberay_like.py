@@ -43,7 +43,8 @@ class KubeRayLikeCluster:
     slices: list[str] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
     tree: set[int] = field(default_factory=set)
-    _first_range: int = 0
+    first_port_range: int = field(default_factory=lambda: free_port(NODE_IP) % 16)
+    """Where this cluster's worker-port ranges start (see ``_ports``): random per cluster."""
 
     def env(self, extra: dict | None = None) -> dict:
         env = {k: v for k, v in os.environ.items()
@@ -58,9 +59,7 @@ class KubeRayLikeCluster:
         # servers (23000-23999: a worker holding one of those ports fails the next client's
         # connection) and the kernel's ephemeral ports (32768 up, where the GCS and client
         # ports come from). A random start per cluster, then one 250-port step per node.
-        if not self._first_range:
-            self._first_range = 1 + free_port(NODE_IP) % 16
-        step = (self._first_range + len(self.processes)) % 32
+        step = (self.first_port_range + len(self.processes)) % 32
         low = 24100 + 250 * step
         return ["--min-worker-port", str(low), "--max-worker-port", str(low + 200)]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import live_actors
+from conftest import live_actor_records, live_actors
 
 import workbench as wb
 from workbench.algos.ppo import PPOConfig
@@ -110,7 +110,6 @@ def test_a_chip_that_stops_answering_fails_the_sweep_instead_of_hanging_it(two_b
     import time
 
     import psutil
-    from ray._private.state import actors
 
     from workbench.engine.sweep import SweepFailed
 
@@ -121,8 +120,8 @@ def test_a_chip_that_stops_answering_fails_the_sweep_instead_of_hanging_it(two_b
 
     def hang_chip_1(trial: int, row: dict) -> None:
         if row["update"] >= 2 and not stopped:
-            (pid,) = [a["Pid"] for a in actors().values() if a["State"] == "ALIVE"
-                      and a.get("Name", "").endswith(":sweep-1")]
+            (pid,) = [a["Pid"] for a in live_actor_records().values()
+                      if a.get("Name", "").endswith(":sweep-1")]
             psutil.Process(pid).suspend()  # SIGSTOP: alive, holding its chip, answering nothing
             stopped[:] = [pid, time.monotonic()]
 

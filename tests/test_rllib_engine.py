@@ -19,7 +19,12 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import live_actor_names, live_placement_groups, start_until_progress
+from conftest import (
+    live_actor_names,
+    live_actor_records,
+    live_placement_groups,
+    start_until_progress,
+)
 
 import workbench as wb
 from workbench.engine.rllib.backend import learner_backend
@@ -145,12 +150,10 @@ def test_dqn_sac_and_appo_train_through_the_slices_placement(two_by_two):
 
 def test_a_killed_env_runner_comes_back_and_a_killed_learner_restarts_from_a_checkpoint(
         two_by_two, tmp_path):
-    from ray._private.state import actors
-
     def live(class_name: str) -> dict[str, dict]:
         """Live actors whose class name ends with ``class_name``."""
-        return {actor_id: a for actor_id, a in actors().items()
-                if a["ActorClassName"].endswith(class_name) and a["State"] != "DEAD"}
+        return {actor_id: a for actor_id, a in live_actor_records().items()
+                if a["ActorClassName"].endswith(class_name)}
 
     actors_before = set(live_actor_names())
     killed: list[str] = []
@@ -176,7 +179,7 @@ def test_a_killed_env_runner_comes_back_and_a_killed_learner_restarts_from_a_che
     # Ray restarted the env runner (RLlib asks for restarts) in its bundle of the slice: the
     # slice's CPUs were as used as before the kill, and nothing ran outside the reservation.
     assert seen == [{"TPU": 3.0, "CPU": 5.0}]
-    assert actors()[killed[0]]["NumRestarts"] >= 1
+    assert live_actor_records()[killed[0]]["NumRestarts"] >= 1
     # The lost learner restarted the algorithm from update 3's checkpoint on an intact 2x2.
     assert result.restarts == 1 and result.env_steps_redone == 4000, result.curve
     assert [row["update"] for row in result.curve] == [1, 2, 3, 4, 5]
