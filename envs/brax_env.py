@@ -72,7 +72,12 @@ class BraxEnv:
 
     @property
     def observation_shape(self) -> tuple[int, ...]:
-        return (int(self._env.observation_size),)
+        import jax
+
+        # brax's own observation_size runs a reset op by op, compiling each of its hundreds
+        # of operations (12 s for inverted_pendulum on two cores); its shape needs no values.
+        reset = jax.eval_shape(self._env.reset, jax.random.PRNGKey(0))
+        return tuple(int(d) for d in reset.obs.shape[-1:])
 
     num_actions = 0
 
