@@ -1,4 +1,5 @@
-"""Each process of a jax.distributed group keeps its own compiled programs between runs.
+"""The processes of a jax.distributed group on CPU (the simulated slice) compile a program
+once between them, and load it in later runs.
 
 The group here is two real processes joined by ``jax.distributed`` with gloo collectives,
 as the learners of a simulated slice are, started twice on one cache directory.
@@ -27,6 +28,14 @@ def _group_step(rank: int, port: int, directory: str) -> None:
     from workbench.learn.platform import configure_jax_platform
 
     configure_jax_platform("cpu")
+    compiles = []
+    compile_program = jax.stages.Lowered.compile
+
+    def counted(self, *args, **kwargs):
+        compiles.append(1)
+        return compile_program(self, *args, **kwargs)
+
+    jax.stages.Lowered.compile = counted
     jax.config.update("jax_compilation_cache_dir", str(Path(directory) / "jax"))
     jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=rank,
                                coordinator_bind_address=f"127.0.0.1:{port}")
@@ -46,10 +55,11 @@ def _group_step(rank: int, port: int, directory: str) -> None:
     compiled = load_or_compile(step.lower(state, x), str(Path(directory) / "programs"))
     for _ in range(3):
         state, x = compiled(state, x)
-    print(json.dumps({"rank": rank, "state": float(np.asarray(state.addressable_data(0)))}))
+    print(json.dumps({"rank": rank, "state": float(np.asarray(state.addressable_data(0))),
+                      "compiles": len(compiles)}))
 
 
-def _run_group(directory: Path) -> list[float]:
+def _run_group(directory: Path) -> list[dict]:
     port = free_port("127.0.0.1")
     processes = [
         subprocess.Popen([sys.executable, __file__, str(rank), str(port), str(directory)],
@@ -60,33 +70,39 @@ def _run_group(directory: Path) -> list[float]:
     for process in processes:
         out, err = process.communicate(timeout=120)
         assert process.returncode == 0, err[-3000:]
-        states.append(json.loads(out.strip().splitlines()[-1])["state"])
+        states.append(json.loads(out.strip().splitlines()[-1]))
     return states
 
 
-def test_the_other_ranks_load_what_they_compiled_in_an_earlier_run(tmp_path):
+def test_rank_0_compiles_for_the_group_and_later_runs_load_it(tmp_path):
     first = _run_group(tmp_path)
+    # One binary for both ranks: rank 1 waited for rank 0's instead of compiling its own.
+    assert [r["compiles"] for r in first] == [1, 0], first
     saved = sorted((tmp_path / "programs").iterdir())
-    # Rank 0 is left to JAX's own persistent cache, which only process 0 writes.
-    assert [p.name.split("-")[0:3] for p in saved] == [["p1", "of", "2"]]
+    assert [p.name.split("-")[0:3] for p in saved] == [["all", "of", "2"]]
     written = saved[0].stat().st_mtime_ns
 
     second = _run_group(tmp_path)
-    assert saved[0].stat().st_mtime_ns == written, "rank 1 compiled again instead of loading"
-    assert second == first and first[0] == first[1]
+    assert [r["compiles"] for r in second] == [0, 0], second
+    assert saved[0].stat().st_mtime_ns == written, "the program was compiled again"
+    states = [[r["state"] for r in run] for run in (first, second)]
+    assert states[0] == states[1] and states[0][0] == states[0][1]
 
 
 def test_a_damaged_program_file_is_compiled_again(tmp_path):
     first = _run_group(tmp_path)
     (saved,) = (tmp_path / "programs").iterdir()
     saved.write_bytes(b"not a program")
-    assert _run_group(tmp_path) == first
+    again = _run_group(tmp_path)
+    assert [r["state"] for r in again] == [r["state"] for r in first]
+    assert again[0]["compiles"] == 1, again
     assert saved.stat().st_size > 1000, "the damaged file was not replaced"
 
 
 def test_the_key_tells_programs_ranks_and_runtimes_apart():
     key = program_key("module @jit_step {}", 1, 4, "jax 0.10.2|cpu")
     assert key.startswith("p1-of-4-") and key.endswith(".bin")
+    assert program_key("module @jit_step {}", None, 4, "jax 0.10.2|cpu").startswith("all-of-4-")
     assert key == program_key("module @jit_step {}", 1, 4, "jax 0.10.2|cpu")
     others = {
         program_key("module @jit_step { }", 1, 4, "jax 0.10.2|cpu"),
