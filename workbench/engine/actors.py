@@ -228,7 +228,11 @@ class EvaluatorActor:
 
     def __init__(self, env, agent, seed: int, jax_env=None, wrappers: tuple = ()) -> None:
         from workbench.learn.evaluation import GreedyEvaluator
+        from workbench.learn.platform import use_compile_cache
 
+        # A JAX env's evaluation program compiles for seconds beside the starting
+        # learners: kept for the next run of the same policy and env instead.
+        use_compile_cache()
         self.evaluator = GreedyEvaluator(env, agent, seed, jax_env, wrappers)
 
     def prepare(self, episodes: int) -> None:

@@ -41,6 +41,10 @@ class SharedRollout:
         wrappers: tuple = (),
         wait_s: float = 600.0,
     ) -> None:
+        from workbench.learn.platform import use_compile_cache
+
+        # Its policy programs are the same run after run: kept, not compiled each start.
+        use_compile_cache()
         self.worker = RolloutWorker(env_id, envs_per_part * parts, rollout_length, agent,
                                     seed, index, keep_snapshots=policy_lag + 1,
                                     wrappers=wrappers)

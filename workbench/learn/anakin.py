@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from workbench.algos.base import Trajectory
+from workbench.learn.compile_cache import load_or_compile
 from workbench.learn.learner import AXIS, ChipLearner, LearnerSetup, StepOutcome, to_numpy
 
 
@@ -150,8 +151,10 @@ class AnakinLearner(ChipLearner):
                 out_specs=P(AXIS),
             )
         )
-        # Each chip's envs: the run's env key folded with the chip's index.
-        self.carry = make_carry(self._replicate(self.keys.envs))
+        # Each chip's envs: the run's env key folded with the chip's index. Through the
+        # compile cache like the state's initialisation: a few seconds in every rank.
+        envs_key = self._replicate(self.keys.envs)
+        self.carry = load_or_compile(make_carry.lower(envs_key))(envs_key)
 
     def _lower(self):
         return self._step.lower(self.state, self.carry, self._update_key(),

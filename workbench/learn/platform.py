@@ -22,17 +22,27 @@ def configure_jax_platform(platform: str) -> None:
     import jax
 
     jax.config.update("jax_platforms", platform)
-    # Every learner compiles the same update; a persistent cache lets later runs (and
-    # restarted learners) skip the compile. Process 0 uses JAX's; the other ranks of a
-    # slice also keep theirs through workbench.learn.compile_cache. Only a cache folder
-    # nobody else can write is used: what it holds is loaded as code.
+    use_compile_cache()
+    if platform == "cpu":
+        jax.config.update("jax_num_cpu_devices", 1)
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+
+def use_compile_cache() -> None:
+    """Let this process keep what it compiles in JAX's persistent cache, for later runs.
+
+    Every learner compiles the same update, and every rollout actor and evaluator its
+    policy and evaluation programs: the cache lets later runs (and restarted learners) skip
+    those compiles. JAX's serves a single process and process 0 of a group; the other ranks
+    of a slice also keep theirs through workbench.learn.compile_cache. Only a cache folder
+    nobody else can write is used: what it holds is loaded as code.
+    """
+    import jax
+
     root = private_cache_root()
     if root is not None:
         jax.config.update("jax_compilation_cache_dir", root)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    if platform == "cpu":
-        jax.config.update("jax_num_cpu_devices", 1)
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 
 def join_distributed(coordinator: str, num_processes: int, rank: int, timeout_s: float,
