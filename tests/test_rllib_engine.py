@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -219,6 +220,18 @@ def test_env_runners_go_round_the_chips_and_evaluation_runners_after_them():
                                num_env_runners=5, backend=learner_backend("cpu"))
     assert [placement.runner_bundle(i, False) for i in range(1, 6)] == [3, 0, 1, 2, 3]
     assert [placement.runner_bundle(i, True) for i in range(1, 3)] == [0, 1]
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"recover_timeout_s": 0}, "recover_timeout_s must be a positive number of seconds, got 0."),
+    ({"recover_timeout_s": float("nan")}, "recover_timeout_s must be a finite number"),
+    ({"max_restarts": -1}, "max_restarts must be a whole number >= 0, got -1."),
+    ({"checkpoint_every": 0}, "checkpoint_every must be a positive whole number, got 0."),
+    ({"target_return": "high"}, "target_return must be a finite number, got 'high'."),
+])
+def test_bad_rllib_options_say_what_is_wrong(options, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        wb.RLlibOptions(**options)
 
 
 def test_without_torch_the_engine_names_its_extra():

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from workbench.engine.fields import ConfigError, check_finite, check_whole
+from workbench.engine.fields import ConfigError, check_finite, check_seconds, check_whole
 
 Mode = Literal["actors", "anakin"]
 Sync = Literal["auto", "gradients", "batch"]
@@ -128,9 +128,7 @@ class TrainConfig:
             raise ConfigError("resume", "=True needs checkpoint_dir (or run_dir): the run to "
                                         "continue from.")
         for name in ("checkpoint_every_s", "progress_timeout_s"):
-            check_finite(name, getattr(self, name))
-            if getattr(self, name) < 0:
-                raise ConfigError(name, f"must be >= 0 seconds, got {getattr(self, name)!r}.")
+            check_seconds(name, getattr(self, name), zero_allowed=True)
         if self.progress_timeout_s and self.progress_timeout_s < 5:
             raise ConfigError("progress_timeout_s", f"must be 0 (off) or at least 5 seconds, "
                                                     f"got {self.progress_timeout_s!r}.")

@@ -245,3 +245,12 @@ def check_whole(name: str, value: Any, minimum: int) -> None:
 def check_finite(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(name, f"must be a finite number, got {value!r}.")
+
+
+def check_seconds(name: str, value: Any, *, zero_allowed: bool) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is a finite number of seconds, positive
+    (or also 0, where 0 means off)."""
+    check_finite(name, value)
+    if value < 0 or (value == 0 and not zero_allowed):
+        wanted = ">= 0 seconds" if zero_allowed else "a positive number of seconds"
+        raise ConfigError(name, f"must be {wanted}, got {value!r}.")

@@ -61,15 +61,12 @@ class RLlibOptions:
     """How long a restart waits for an intact slice of the same shape."""
 
     def __post_init__(self) -> None:
-        from workbench.engine.fields import ConfigError, check_finite, check_whole
+        from workbench.engine.fields import check_finite, check_seconds, check_whole
 
         for name in ("total_env_steps", "checkpoint_every"):
             check_whole(name, getattr(self, name), 1)
         check_whole("max_restarts", self.max_restarts, 0)
-        check_finite("recover_timeout_s", self.recover_timeout_s)
-        if self.recover_timeout_s <= 0:
-            raise ConfigError("recover_timeout_s", f"must be a positive number of seconds, "
-                                                   f"got {self.recover_timeout_s!r}.")
+        check_seconds("recover_timeout_s", self.recover_timeout_s, zero_allowed=False)
         if self.target_return is not None:
             check_finite("target_return", self.target_return)
 
