@@ -500,9 +500,10 @@ class _SweepRun:
         while True:
             was_done = done
             done, _ = ray.wait(runs, num_returns=len(runs), timeout=self.poll_s)
-            _raise_if_failed(runs, [run for run in done if run not in was_done])
+            finished = [run for run in done if run not in was_done]
+            _raise_if_failed(runs, finished)
             self._drain(group, board)
-            if self._seen != seen_then or len(done) != len(was_done):
+            if self._seen != seen_then or finished:
                 seen_then, last_progress = self._seen, time.monotonic()
             if not stop_sent and self._wants_stop():
                 self.stopped = stop_sent = True
