@@ -5,6 +5,7 @@ same), no resets inside ``step``."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -70,7 +71,7 @@ class BraxEnv:
     def id(self) -> str:
         return f"brax:{self.name}"
 
-    @property
+    @functools.cached_property
     def observation_shape(self) -> tuple[int, ...]:
         import jax
 
