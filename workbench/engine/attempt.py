@@ -18,6 +18,7 @@ from workbench.learn import sync as sync_strategies
 
 log = logging.getLogger(__name__)
 
+
 class Attempt:
     """The learners (and rollout actors) of one attempt at a run on the slice."""
 
