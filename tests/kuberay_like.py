@@ -42,6 +42,8 @@ class KubeRayLikeCluster:
     client_address: str = ""
     slices: list[str] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
+    commands: list[tuple[list[str], dict]] = field(default_factory=list)
+    restarts: int = 0
     tree: set[int] = field(default_factory=set)
     first_port_range: int = field(default_factory=lambda: free_port(NODE_IP) % 16)
     """Where this cluster's worker-port ranges start (see ``_ports``): random per cluster."""
@@ -64,11 +66,27 @@ class KubeRayLikeCluster:
         return ["--min-worker-port", str(low), "--max-worker-port", str(low + 200)]
 
     def _start(self, args: list[str], env: dict) -> None:
-        log = open(self.temp_dir / f"node-{len(self.processes)}.log", "w")  # noqa: SIM115
-        process = subprocess.Popen([RAY, "start", "--block", *args], stdout=log,
-                                   stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True)
-        self.processes.append(process)
+        self.commands.append((args, env))
+        self.processes.append(self._launch(len(self.processes), "w"))
+
+    def _launch(self, node: int, mode: str) -> subprocess.Popen:
+        args, env = self.commands[node]
+        log = open(self.temp_dir / f"node-{node}.log", mode)  # noqa: SIM115
+        return subprocess.Popen([RAY, "start", "--block", *args], stdout=log,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def _restart_dead_nodes(self, limit: int = 2) -> None:
+        # A kubelet restarts a pod whose `ray start` exited. Nodes started at once on one
+        # machine pick their agents' ports at random, each in its own temp dir, so two can
+        # now and then pick the same one and the later one's `ray start` exits.
+        for node, process in enumerate(self.processes):
+            if process.poll() is None or self.restarts >= limit:
+                continue
+            log = self.temp_dir / f"node-{node}.log"
+            print(f"node {node} exited with {process.returncode} while the cluster came up; "
+                  f"restarting it. Its log ends:\n{log.read_text()[-3000:]}", file=sys.stderr)
+            self.restarts += 1
+            self.processes[node] = self._launch(node, "a")
 
     def start_head(self, cpus: int = 2) -> None:
         gcs, client = free_port(NODE_IP), free_port(NODE_IP)
@@ -109,9 +127,16 @@ class KubeRayLikeCluster:
                     print("ready"); break
                 time.sleep(0.5)
         """)
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                              timeout=timeout_s + 60, env=self.env())
-        assert "ready" in done.stdout, (done.stdout, done.stderr[-3000:], self.logs())
+        driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=self.env())
+        deadline = time.monotonic() + timeout_s + 60
+        while driver.poll() is None and time.monotonic() < deadline:
+            self._restart_dead_nodes()
+            time.sleep(0.5)
+        if driver.poll() is None:
+            driver.kill()
+        out, err = driver.communicate()
+        assert "ready" in out, (out, err[-3000:], self.logs())
         for process in self.processes:
             with contextlib.suppress(psutil.NoSuchProcess):
                 self.tree |= {c.pid for c in psutil.Process(process.pid).children(True)}
