@@ -84,12 +84,16 @@ def test_a_stopped_sweep_ends_after_its_current_update_and_each_trial_is_tracked
     from mlflow.tracking import MlflowClient
 
     uri = (tmp_path / "mlruns").as_uri()
-    config = TrainConfig(**CATCH, total_env_steps=400 * 8 * 16, run_dir=str(tmp_path / "s"),
+    config = TrainConfig(**CATCH, total_env_steps=1000 * 8 * 16, run_dir=str(tmp_path / "s"),
                          track="mlflow", tracking_uri=uri)
-    run = wb.engine.run.SweepRun(two_by_two, config, seeds=4)
+    # Catch's updates take a few milliseconds here, and the chips are a few hundred updates
+    # ahead of the driver's rows (seen: up to 180); the driver reads the board every 0.05 s
+    # so that the stop asked for at update 3 lands well before update 1000.
+    run = wb.engine.run.SweepRun(two_by_two, config, seeds=4, poll_s=0.05)
     run.on_update(lambda trial, row: run.stop() if row["update"] >= 3 else None)
     result = run.start().wait(timeout_s=300)
-    assert result.stopped and all(t["updates"] < 400 for t in result.trials)
+    assert result.stopped and all(t["updates"] < 1000 for t in result.trials), [
+        t["updates"] for t in result.trials]
     # Every trial is an MLflow run of its own, with its seed and its every update.
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs([client.get_experiment_by_name("workbench").experiment_id])

@@ -468,6 +468,10 @@ class _SweepRun:
             ray.get([a.setup.remote(setup) for a in actors], timeout=900)
             if not self.startup_s:
                 self.startup_s = time.monotonic() - self.started
+            # Trackers open before the loop: opening one (MLflow's import, its run) takes
+            # seconds, which inside the loop would delay the first rows and any stop.
+            for trial in group.trials:
+                self._tracker(trial)
             steps = config.envs_per_chip * config.rollout_length
             loop_start = time.monotonic()
             runs = [a.run.remote(board, config.num_updates(1), steps) for a in actors]
@@ -493,7 +497,6 @@ class _SweepRun:
         import ray
 
         self._seen = 0
-        stop_sent = False
         timeout_s = group.trials[0].point.config.progress_timeout_s
         done: list = []
         seen_then, last_progress = 0, time.monotonic()
@@ -502,12 +505,10 @@ class _SweepRun:
             done, _ = ray.wait(runs, num_returns=len(runs), timeout=self.poll_s)
             finished = [run for run in done if run not in was_done]
             _raise_if_failed(runs, finished)
-            self._drain(group, board)
+            self._drain(group, board, actors)
             if self._seen != seen_then or finished:
                 seen_then, last_progress = self._seen, time.monotonic()
-            if not stop_sent and self._wants_stop():
-                self.stopped = stop_sent = True
-                ray.get([a.request_stop.remote() for a in actors], timeout=30)
+            self._stop_chips_if_asked(actors)
             if len(done) == len(runs):
                 return
             if timeout_s and time.monotonic() - last_progress > timeout_s:
@@ -519,7 +520,10 @@ class _SweepRun:
                     "updates that take longer."
                 )
 
-    def _drain(self, group: ProgramGroup, board) -> None:
+    def _drain(self, group: ProgramGroup, board, actors: list | None = None) -> None:
+        """Pass the board's new records on as rows; with the chips' ``actors``, a stop
+        asked for by a row's observer reaches them at once, not after the rest of the batch
+        (which may be hundreds of rows, each tracked)."""
         import ray
 
         for record in ray.get(board.since.remote(self._seen), timeout=60):
@@ -527,6 +531,15 @@ class _SweepRun:
             trial = group.trials[record["trial"]]
             for row in self.curves.add({**record, "trial": trial.index}):
                 self._row(trial, row)
+            if actors is not None:
+                self._stop_chips_if_asked(actors)
+
+    def _stop_chips_if_asked(self, actors: list) -> None:
+        import ray
+
+        if not self.stopped and self._wants_stop():
+            self.stopped = True
+            ray.get([a.request_stop.remote() for a in actors], timeout=30)
 
     # ---- actors mode: queued runs --------------------------------------------------------
 
