@@ -84,8 +84,9 @@ DRIVER = textwrap.dedent("""
             fired.append(row["update"])
             ray.kill(ray.get_actor(name))
 
+    # Long enough in updates (milliseconds each) that the kill lands before the last one.
     result = wb.train(tpu_slice, wb.TrainConfig(
-        env="workbench/CartPole-v1", mode="anakin", total_env_steps=8 * 4096,
+        env="workbench/CartPole-v1", mode="anakin", total_env_steps=64 * 4096,
         checkpoint_every=2, eval_every=0), on_update=lose_a_learner)
     out["anakin"] = {"restarts": result.restarts, "updates": result.updates,
                      "digests": len(set(result.chip_state_digests))}

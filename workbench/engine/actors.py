@@ -197,6 +197,9 @@ class ChipLearnerActor:
             "checkpoint": last_saved,
             "params": learner.policy_numpy() if self.rank == 0 else None,
             "rollouts_replaced": self.feed.replaced if self.feed is not None else 0,
+            # Taken here, not asked for afterwards: a chip lost after its last update
+            # would otherwise fail a run that has finished.
+            "digest": learner.digest(),
         }
 
     def _save(self, update: int, resume: dict) -> str:
@@ -218,9 +221,6 @@ class ChipLearnerActor:
                 "metrics": metrics}
         return save(self.checkpoints.directory, update, self.learner.state_leaves(), meta,
                     resume=resume, rollouts=rollouts)
-
-    def digest(self) -> str:
-        return self.learner.digest()
 
 
 class EvaluatorActor:

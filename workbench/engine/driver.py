@@ -257,7 +257,7 @@ class _Run:
 
         attempt, config, tpu_slice = self.attempt, self.plan.config, self.slice
         outcomes = ray.get(attempt.runs)
-        digests = ray.get([lr.digest.remote() for lr in attempt.learners])
+        digests = [outcome["digest"] for outcome in outcomes]
         final = ray.get(self.evaluator.evaluate.remote(outcomes[0]["params"],
                                                        config.eval_episodes))
         # Every chip's pushes were sent before its train() returned; read the history.
