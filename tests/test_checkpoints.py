@@ -127,6 +127,14 @@ def test_a_damaged_latest_step_falls_back_to_the_one_before(finished_run, tmp_pa
     restored = checkpoint.restore(str(copy))
     assert restored.step == newest - 1
     assert "unusable" in caplog.text and "digest does not match" in caplog.text
+    # A step left without its record (its host lost mid-save) is passed over too, and the
+    # resumed run writes that step again when it gets there.
+    (copy / str(newest) / checkpoint.META).unlink()
+    assert checkpoint.restore(str(copy)).step == newest - 1
+    checkpoint.save(str(copy), newest, restored.state, restored.meta,
+                    resume=restored.resume, rollouts=restored.rollouts)
+    rewritten = checkpoint.restore(str(copy))
+    assert rewritten.step == newest and rewritten.meta["step"] == newest
 
 
 def test_a_trained_policy_loads_outside_its_run(finished_run):

@@ -300,6 +300,11 @@ def save(directory: str, step: int, state: list, meta: dict, *, resume: dict | N
         "digest": digest_of(state, resume_leaves, rollouts),
     }
     with _manager(directory, create=True) as manager:
+        if step in manager.all_steps():
+            # Only a step that restore() passed over comes back here: one a lost attempt
+            # left without its record (a host lost mid-save) or damaged. The resumed run's
+            # own step replaces it.
+            manager.delete(step)
         manager.save(step, args=ocp.args.PyTreeSave(tree), force=True)
         manager.wait_until_finished()
     folder = Path(directory, str(step))
