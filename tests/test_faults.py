@@ -128,31 +128,45 @@ def test_a_lost_host_that_is_not_worker_0_of_a_multi_host_slice(cluster, sim_clu
 
 
 TWO_DRIVERS = """
-import json, sys, time
+import json, sys
 import workbench as wb
 wb.connect({address!r}, node_ip={node_ip!r})
 try:
-    with wb.reserve("v6e", "2x4", timeout_s=15) as held:
+    with wb.reserve("v6e", "2x4", timeout_s=5) as held:
         print(json.dumps({{"got": held.name}}), flush=True)
-        time.sleep(20)
+        sys.stdin.readline()  # held until the test has seen the other driver refused
 except wb.SliceUnavailableError as error:
     print(json.dumps({{"refused": str(error)}}), flush=True)
 """
 
 
-def test_two_drivers_reserving_the_one_slice_at_once(cluster, sim_cluster):
+def _json_line(stream) -> dict:
+    """The first line of ``stream`` that is a JSON object; {} if it ends without one."""
     import json
+
+    for line in stream:
+        if line.startswith("{"):
+            return json.loads(line)
+    return {}
+
+
+def test_two_drivers_reserving_the_one_slice_at_once(cluster, sim_cluster):
     import subprocess
     import sys
 
     code = TWO_DRIVERS.format(address=sim_cluster.address, node_ip=sim_cluster.node_ip)
-    drivers = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    answers = []
-    for driver in drivers:
-        out, err = driver.communicate(timeout=120)
+    drivers = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for _ in range(2)]
+    try:
+        # Each prints its answer as a line of JSON: the holder at once, the other when
+        # its reservation times out while the holder still holds.
+        answers = [_json_line(driver.stdout) for driver in drivers]
+    finally:
+        # The holder lets go at the line it waits for.
+        ends = [driver.communicate(input="\n", timeout=60) for driver in drivers]
+    for driver, (_, err) in zip(drivers, ends, strict=True):
         assert driver.returncode == 0, err[-2000:]
-        answers.append(json.loads(out.strip().splitlines()[-1]))
     assert sorted(answers[0].keys() | answers[1].keys()) == ["got", "refused"], answers
     refusal = next(a["refused"] for a in answers if "refused" in a)
     assert "Could not reserve a v6e 2x4 slice" in refusal and "in use" in refusal
