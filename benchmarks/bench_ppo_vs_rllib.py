@@ -273,9 +273,11 @@ def rllib_config(seed: int) -> Any:
         """Logs every finished episode's return, so the driver sees each one."""
 
         def on_episode_end(self, *, episode: Any, metrics_logger: Any = None,
-                           **kwargs: Any) -> None:
-            metrics_logger.log_value(EPISODE_RETURNS_KEY, float(episode.get_return()),
-                                     reduce="item_series")
+                           prev_episode_chunks: Any = (), **kwargs: Any) -> None:
+            # ``episode`` is only the episode's last chunk: one longer than a rollout
+            # fragment was cut, and its earlier chunks come beside it.
+            whole = episode.get_return() + sum(c.get_return() for c in prev_episode_chunks)
+            metrics_logger.log_value(EPISODE_RETURNS_KEY, float(whole), reduce="item_series")
 
     return (
         PPOConfig()
