@@ -105,7 +105,7 @@ PAIRS: dict[str, Record] = {
     },
     "pqn_cartpole": {
         "workbench": dict(env="workbench/CartPole-v1", algo="pqn", mode="anakin"),
-        "peer": "rllib_dqn", "target": 475.0, "budget": 300_000,
+        "peer": "rllib_dqn", "target": 475.0, "budget": 1_000_000,
     },
     "ppo_minatar": {
         "workbench": dict(env="gymnax:Breakout-MinAtar", mode="anakin", stop_at_target=False),
