@@ -36,10 +36,8 @@ class IMPALAConfig:
     """Weight of the value loss."""
     ent_coef: float = 0.01
     """Weight of the entropy bonus."""
-    max_grad_norm: float = 0.5
-    """Global gradient-norm clip. The losses are means over the minibatch, so the 40 of
-    the paper (sums over time steps) clips nothing: with it, one CartPole seed in eight
-    collapsed to a deterministic policy after reaching 420."""
+    max_grad_norm: float = 40.0
+    """Global gradient-norm clip."""
     num_minibatches: int = 16
     """Gradient steps per batch, each on a slice of its envs (whole trajectories; at most
     one per env)."""
