@@ -56,11 +56,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_anakin import single_process_run  # noqa: E402
 from bench_ppo_vs_rllib import (  # noqa: E402
-    EPISODE_RETURNS_KEY,
     WINDOW,
     Record,
     code_revision,
     episode_returns,
+    episode_returns_callback,
     machine,
     median_or_none,
     medians,
@@ -172,17 +172,8 @@ def single_worker(pair: str, seed: int, total_env_steps: int) -> Record:
 
 def rllib_config(peer: str, seed: int) -> Any:
     """RLlib's tuned settings for each peer (see the module's docstring), seeded."""
-    from ray.rllib.callbacks.callbacks import RLlibCallback
     from ray.rllib.connectors.env_to_module import MeanStdFilter
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
-
-    class EpisodeReturns(RLlibCallback):
-        def on_episode_end(self, *, episode: Any, metrics_logger: Any = None,
-                           prev_episode_chunks: Any = (), **kwargs: Any) -> None:
-            # ``episode`` is only the episode's last chunk: one longer than a rollout
-            # fragment was cut, and its earlier chunks come beside it.
-            whole = episode.get_return() + sum(c.get_return() for c in prev_episode_chunks)
-            metrics_logger.log_value(EPISODE_RETURNS_KEY, float(whole), reduce="item_series")
 
     if peer == "rllib_ppo":
         from ray.rllib.algorithms.ppo import PPOConfig
@@ -224,7 +215,8 @@ def rllib_config(peer: str, seed: int) -> Any:
         )
     else:
         raise ValueError(f"unknown peer {peer!r}")
-    return config.framework("torch").callbacks(EpisodeReturns).debugging(seed=seed)
+    return (config.framework("torch").callbacks(episode_returns_callback())
+            .debugging(seed=seed))
 
 
 def rllib_loop(algo: Any, target: float, max_env_steps: int, max_loop_s: float) -> Record:

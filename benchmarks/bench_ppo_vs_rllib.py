@@ -263,21 +263,28 @@ def _round(value: float | None, digits: int = 3) -> float | None:
 # RLlib worker.
 
 
-def rllib_config(seed: int) -> Any:
-    """RLlib's tuned CartPole PPO (examples/algorithms/ppo/cartpole_ppo.py), seeded."""
-    from ray.rllib.algorithms.ppo import PPOConfig
+def episode_returns_callback() -> type:
+    """An RLlib callback that logs every finished episode's whole return under
+    ``EPISODE_RETURNS_KEY``, so the driver sees each one (read with
+    :func:`episode_returns`). Made in a function so that Ray ships the class to the env
+    runners by value (this file is not importable there)."""
     from ray.rllib.callbacks.callbacks import RLlibCallback
-    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     class EpisodeReturns(RLlibCallback):
-        """Logs every finished episode's return, so the driver sees each one."""
-
         def on_episode_end(self, *, episode: Any, metrics_logger: Any = None,
                            prev_episode_chunks: Any = (), **kwargs: Any) -> None:
             # ``episode`` is only the episode's last chunk: one longer than a rollout
             # fragment was cut, and its earlier chunks come beside it.
             whole = episode.get_return() + sum(c.get_return() for c in prev_episode_chunks)
             metrics_logger.log_value(EPISODE_RETURNS_KEY, float(whole), reduce="item_series")
+
+    return EpisodeReturns
+
+
+def rllib_config(seed: int) -> Any:
+    """RLlib's tuned CartPole PPO (examples/algorithms/ppo/cartpole_ppo.py), seeded."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     return (
         PPOConfig()
@@ -289,7 +296,7 @@ def rllib_config(seed: int) -> Any:
                 fcnet_hiddens=[32], fcnet_activation="linear", vf_share_layers=True
             )
         )
-        .callbacks(EpisodeReturns)
+        .callbacks(episode_returns_callback())
         .debugging(seed=seed)
     )
 
