@@ -42,6 +42,7 @@ to the target is then known only to exceed that, and the ratio's lower bound use
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import shutil
@@ -337,10 +338,9 @@ def run_benchmark(args: argparse.Namespace) -> Record:
         runs: dict[str, list[Record]] = {"workbench": [], "peer": []}
         for seed in seeds:
             for side, kind in (("peer", peer_kind), ("workbench", "workbench")):
-                options = ["--pair", pair, "--env-steps", str(spec["budget"])]
-                if kind == "rllib":
-                    options += ["--peer-max-loop-s", str(args.peer_max_loop_s)]
-                record = run_worker(kind, seed, options,
+                record = run_worker(kind, seed,
+                                    ["--pair", pair, "--env-steps", str(spec["budget"]),
+                                     "--peer-max-loop-s", str(args.peer_max_loop_s)],
                                     args.worker_timeout_s, log_dir, args.startup_retries,
                                     script=Path(__file__).resolve())
                 runs[side].append(record)
@@ -380,11 +380,10 @@ def main() -> None:
     if args.worker is None:
         print(json.dumps(run_benchmark(args), indent=1, default=_json_default))
         return
-    if args.worker == "rllib":
-        record = rllib_worker(args.pair, args.seed, args.env_steps, args.peer_max_loop_s)
-    else:
-        worker = {"workbench": workbench_worker, "single": single_worker}[args.worker]
-        record = worker(args.pair, args.seed, args.env_steps)
+    worker = {"workbench": workbench_worker, "single": single_worker,
+              "rllib": functools.partial(rllib_worker, max_loop_s=args.peer_max_loop_s)
+              }[args.worker]
+    record = worker(args.pair, args.seed, args.env_steps)
     Path(args.out).write_text(json.dumps(record, default=_json_default))
 
 
