@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import ray
-from conftest import live_actors
+from conftest import live_actor_names, live_actors
 
 import workbench as wb
 from workbench.algos import DISCRETE, Agent, Algorithm
@@ -63,8 +63,9 @@ def test_a_run_records_what_users_read(first_run):
     assert all(len(row["chip_step_s"]) == 4 for row in result.curve)
     assert 8 <= result.final_return <= 500
     assert set(result.startup_profile) == {"learners_joined_s", "learners_set_up_s",
-                                           "compiled_s", "warm"}
+                                           "compiled_s", "warm", "rollouts_warm"}
     assert result.startup_profile["warm"] is False
+    assert result.startup_profile["rollouts_warm"] is False
     assert 0 < result.startup_profile["compiled_s"] <= result.startup_s
     # The slice kept its learners after the run; releasing it stopped them.
     assert live_actors() == []
@@ -89,10 +90,11 @@ def test_same_seed_same_curve_and_resume_continues_exactly(first_run, two_by_two
     # then hold exactly what the checkpoint holds.
     resumed = train(two_by_two, TrainConfig(seed=7, checkpoint_dir=directory, resume=True,
                                             **SMALL))
-    # The same run again, on the learners the resumed run kept: the same curve and state
-    # as the first run's fresh learners.
+    # The same run again, on the learners and rollout actors the resumed run kept: the
+    # same curve and state as the first run's fresh ones.
     again = train(two_by_two, TrainConfig(seed=7, checkpoint_dir=str(tmp_path), **SMALL))
     assert again.startup_profile["warm"] is True
+    assert again.startup_profile["rollouts_warm"] is True
     curve = [(r["episodes"], r["mean_return_this_update"], r["loss"]) for r in result.curve]
     assert curve == [(r["episodes"], r["mean_return_this_update"], r["loss"])
                      for r in again.curve]
@@ -119,6 +121,25 @@ def test_a_loss_defined_in_a_notebook_cell_trains_with_per_minibatch_all_reduce(
     assert all("value_penalty" in row for row in result.curve)
     # The other way of keeping chips equal: an all-reduce of gradients per minibatch.
     assert len(set(result.chip_state_digests)) == 1
+
+
+def test_kept_rollout_actors_are_replaced_when_dead_and_restarted_for_another_layout(
+        two_by_two):
+    small = dict(SMALL, total_env_steps=2 * 1024, eval_every=0)
+    before = train(two_by_two, TrainConfig(seed=2, **small))
+    # A kept rollout actor that died between runs: its keeper starts a new one, and the
+    # run is the one it would have been.
+    ray.kill(ray.get_actor(f"{two_by_two.name}:a0:rollout-0"))
+    after = train(two_by_two, TrainConfig(seed=2, **small))
+    assert after.startup_profile["warm"] and after.startup_profile["rollouts_warm"]
+    assert after.chip_state_digests == before.chip_state_digests
+    # Two rollout actors per host where one was kept: the kept one is stopped first (its
+    # CPU is in a chip's bundle that a new one needs), and the run trains.
+    split = train(two_by_two, TrainConfig(seed=2, rollout_actors_per_host=2, **small))
+    assert split.startup_profile["warm"] and not split.startup_profile["rollouts_warm"]
+    assert split.updates == 2
+    rollouts = sorted(name for name in live_actor_names().values() if ":rollout-" in name)
+    assert rollouts == [f"{two_by_two.name}:a0:rollout-{i}" for i in (0, 1)]
 
 
 # -- an algorithm of the user's own, defined here as a notebook cell would ----------------

@@ -1,5 +1,5 @@
 """Faults during training, on the session's simulated cluster: a rollout actor killed (also
-during warm-up), a learner killed (rank 0 too), a host lost (worker 0 of a single-host
+as a run starts), a learner killed (rank 0 too), a host lost (worker 0 of a single-host
 slice, worker 1 of a two-host slice), the head-pinned helpers lost, a learner hung, two
 drivers racing for one slice, and an interrupt. Each run must still end well, and leave
 no placement group or actor behind (the ``cluster`` fixture checks placement groups).
@@ -36,22 +36,34 @@ def two_by_two(sim_cluster):
 @pytest.fixture
 def shared_slice(two_by_two):
     """The module's slice, checked to leave no other placement group behind, and no actor
-    but the learners it keeps for the next test."""
+    but the learners and rollout actors it keeps for the next test."""
     groups, actors = live_placement_groups(), set(live_actors())
     yield two_by_two
     # A restart re-reserves the slice, which replaces its placement group: the count is
     # what must not grow.
     assert len(live_placement_groups()) == len(groups), "this test left a placement group"
     assert two_by_two.placement_group.id.hex() in live_placement_groups()
-    kept = set(_learners(two_by_two))
+    kept = set(_kept(two_by_two, ":learner-", ":rollout"))
     assert set(live_actors()) - actors - kept == set(), "this test left actors behind"
 
 
-def _learners(tpu_slice) -> dict[str, str]:
-    """The live learners on ``tpu_slice`` by actor id: kept learners carry the name of the
-    attempt that started them (``<slice>:a<attempt>:learner-<rank>``)."""
+def _kept(tpu_slice, *roles: str) -> dict[str, str]:
+    """The live actors of ``tpu_slice``'s runs in one of ``roles`` by actor id: kept ones
+    carry the name of the attempt that started them (``<slice>:a<attempt>:learner-<rank>``,
+    ``...:rollout-<i>`` or, replaced, ``...:rollout-<i>.<n>``, and ``...:rollouts``)."""
     return {actor_id: name for actor_id, name in live_actor_names().items()
-            if name.startswith(f"{tpu_slice.name}:a") and ":learner-" in name}
+            if name.startswith(f"{tpu_slice.name}:a") and any(role in name for role in roles)}
+
+
+def _learners(tpu_slice) -> dict[str, str]:
+    return _kept(tpu_slice, ":learner-")
+
+
+def rollout_actor(tpu_slice, index: int):
+    """The live rollout actor ``index`` of ``tpu_slice``, or None before it is started."""
+    names = [n for n in _kept(tpu_slice, ":rollout-").values()
+             if n.rpartition(":rollout-")[2].split(".")[0] == str(index)]
+    return ray.get_actor(names[0]) if names else None
 
 
 def learner_name(tpu_slice, rank: int) -> str:
@@ -174,8 +186,7 @@ def test_two_drivers_reserving_the_one_slice_at_once(cluster, sim_cluster):
 
 
 def test_a_killed_rollout_actor_is_replaced_and_the_run_reaches_its_target(shared_slice):
-    name = f"{shared_slice.name}:a0:rollout-0"
-    on_update, fired = _once(lambda row: ray.kill(ray.get_actor(name)))
+    on_update, fired = _once(lambda row: ray.kill(rollout_actor(shared_slice, 0)))
     # A target below CartPole's 475 keeps the test short; the learning after the
     # replacement is what is checked.
     result = train(shared_slice, TrainConfig(seed=0, stop_at_target=True, target_return=200,
@@ -204,10 +215,9 @@ def test_a_lost_metrics_board_and_evaluator_are_replaced_and_the_curve_goes_on(s
     assert result.time_to_train_target_s is not None and result.final_return >= 200
 
 
-def test_a_rollout_actor_dying_during_warm_up_is_replaced(shared_slice):
+def test_a_rollout_actor_dying_as_the_run_starts_is_replaced(shared_slice):
     errors: list[BaseException] = []
     outcome: list = []
-    name = f"{shared_slice.name}:a0:rollout-0"
 
     def run() -> None:
         try:
@@ -219,13 +229,12 @@ def test_a_rollout_actor_dying_during_warm_up_is_replaced(shared_slice):
     thread = threading.Thread(target=run)
     thread.start()
     deadline = time.monotonic() + 120
-    while True:  # as soon as the actor exists: it is still compiling its policy
-        try:
-            ray.kill(ray.get_actor(name))
-            break
-        except ValueError:
-            assert time.monotonic() < deadline, "the rollout actor never appeared"
-            time.sleep(0.05)
+    # As soon as there is one: kept from the run before (then being set up for this one)
+    # or new (then still compiling its policy).
+    while (actor := rollout_actor(shared_slice, 0)) is None:
+        assert time.monotonic() < deadline, "the rollout actor never appeared"
+        time.sleep(0.05)
+    ray.kill(actor)
     thread.join(300)
     assert not errors, errors
     (result,) = outcome

@@ -9,10 +9,10 @@ import time
 
 from workbench.engine.actors import Checkpoints
 from workbench.engine.chip_group import attempt_prefix
-from workbench.engine.cluster_state import CPU_ONLY, kill_and_wait, remote, wait_until_dead
+from workbench.engine.cluster_state import wait_until_dead
 from workbench.engine.plan import RunPlan
 from workbench.engine.restarts import ChipLost
-from workbench.engine.rollouts import RolloutKeeper
+from workbench.engine.rollouts import rollout_layout, start_keeper
 from workbench.engine.warm import LearnerGroup, keep, start_group, take
 from workbench.learn import sync as sync_strategies
 
@@ -40,6 +40,11 @@ class Attempt:
         and had compiled."""
         self.runs: list = []
         self.sync: str | None = None
+        self.rollouts_warm = False
+        """Whether the rollout actors were kept from an earlier run on the slice."""
+        self.rollouts_replaced_at_setup = 0
+        """Kept rollout actors found dead when this attempt set them up, and replaced."""
+        self._rollouts_set_up = None
 
     def start(self, distributed_timeout_s: float, sync: str | None,
               checkpoints: Checkpoints) -> dict:
@@ -64,56 +69,40 @@ class Attempt:
         log.info("learners %s after %.1f s", "taken warm" if self.warm else "joined",
                  time.monotonic() - started)
         setup = self.plan.learner_setup(num_chips, self.sync)
-        try:
-            setups = ray.get([
-                lr.setup.remote(config, setup, config.mode, feed, self.board, checkpoints)
-                for lr, feed in zip(self.learners, feeds, strict=True)
-            ], timeout=600)
-        except ray.exceptions.RayTaskError as error:
-            # A user's error (a checkpoint that does not fit) reads as itself, not as a
-            # remote traceback.
-            if isinstance(error.cause, ValueError):
-                raise error.cause from None
-            raise
+        setups = _get_raising_users_errors([
+            lr.setup.remote(config, setup, config.mode, feed, self.board, checkpoints)
+            for lr, feed in zip(self.learners, feeds, strict=True)
+        ])
         self.profile["learners_set_up_s"] = round(time.monotonic() - started, 3)
         ray.get([lr.compile.remote() for lr in self.learners], timeout=600)
+        if self._rollouts_set_up is not None:
+            self.rollouts_replaced_at_setup = _get_raising_users_errors(self._rollouts_set_up)
         self.profile["compiled_s"] = round(time.monotonic() - started, 3)
         log.info("learners ready after %s", self.profile)
         return setups[0]
 
     def _start_rollouts(self) -> list[tuple | None]:
-        """Each host's chips are split among its rollout actors; an actor sits in the
-        bundle of the first chip it feeds and serves its chips' learners in rank order.
-        A mode without host rollouts (Anakin) starts none."""
+        """Rollout actors for the run, laid out by :func:`rollout_layout`: the ones kept on
+        the slice when they fit, set up for this run in the background, else new ones. A
+        mode without host rollouts (Anakin) starts none."""
         tpu_slice, plan = self.slice, self.plan
         config = plan.config
         if not plan.host_rollouts:
             return [None] * tpu_slice.num_chips
-        per_host = config.rollout_actors_per_host
-        share = tpu_slice.shape.chips_per_host // per_host
+        layout = rollout_layout(tpu_slice, self.prefix, config.rollout_actors_per_host,
+                                config.policy_lag)
         agent = plan.agent(tpu_slice.num_chips)
-        specs = []
-        fed_by: dict[int, tuple[int, int]] = {}  # chip rank -> (actor index, its part)
-        for host in tpu_slice.hosts:
-            for k in range(per_host):
-                ranks = host.chips[k * share:(k + 1) * share]
-                index = len(specs)
-                # A thread per request its learners can have in flight, and one for
-                # checkpoint snapshots.
-                options = dict(num_cpus=1, runtime_env=CPU_ONLY,
-                               max_concurrency=share * config.policy_lag + 1,
-                               scheduling_strategy=tpu_slice.scheduling(ranks[0]),
-                               name=f"{self.prefix}:rollout-{index}")
-                args = (plan.env_ref, config.envs_per_chip, share, config.rollout_length,
-                        agent, config.seed, index, config.policy_lag, config.wrappers)
-                for part, rank in enumerate(ranks):
-                    fed_by[rank] = (index, part)
-                specs.append((options, args))
-        self.keeper = remote(RolloutKeeper, num_cpus=0,
-                             max_concurrency=len(fed_by) + 2).options(
-            scheduling_strategy=tpu_slice.scheduling(0)
-        ).remote(specs)
-        return [(self.keeper, *fed_by[rank]) for rank in range(tpu_slice.num_chips)]
+        runs = [(plan.env_ref, config.envs_per_chip, layout.share, config.rollout_length,
+                 agent, config.seed, index, config.policy_lag, config.wrappers)
+                for index in range(len(layout.options))]
+        self.keeper = self.group.rollouts_for(layout)
+        self.rollouts_warm = self.keeper is not None
+        if self.rollouts_warm:
+            self._rollouts_set_up = self.keeper.setup.remote(runs)
+        else:
+            self.keeper = start_keeper(tpu_slice, layout, runs)
+            self.group.hold_rollouts(self.keeper, layout)
+        return [(self.keeper, *layout.fed_by[rank]) for rank in range(tpu_slice.num_chips)]
 
     def launch(self) -> None:
         self.runs = [lr.train.remote() for lr in self.learners]
@@ -182,15 +171,23 @@ class Attempt:
 
     def kill(self, keep_learners: bool = False) -> None:
         """Stop the attempt's actors; with ``keep_learners`` (a run that ended cleanly),
-        the learners stay on the slice for its next run if the slice keeps them."""
-        import ray
+        the learners and rollout actors stay on the slice for its next run if the slice
+        keeps them."""
+        if self.group is None:
+            return
+        if keep_learners and keep(self.slice, self.group):
+            return
+        self.group.kill()
 
-        rollout_ids: list[str] = []
-        if self.keeper is not None:
-            with contextlib.suppress(Exception):
-                rollout_ids = ray.get(self.keeper.stop_all.remote(), timeout=10)
-        learners = list(self.learners)
-        if keep_learners and self.group is not None and keep(self.slice, self.group):
-            learners = []
-        kill_and_wait(learners + ([self.keeper] if self.keeper else []), rollout_ids)
 
+def _get_raising_users_errors(refs, timeout_s: float = 600.0):
+    """``ray.get(refs)``, where a user's error raised in an actor (a checkpoint or an env
+    that does not fit) reads as itself, not as a remote traceback."""
+    import ray
+
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.RayTaskError as error:
+        if isinstance(error.cause, ValueError):
+            raise error.cause from None
+        raise

@@ -9,7 +9,8 @@ from workbench.learn.platform import DistributedStartError
 
 def attempt_prefix(tpu_slice, attempt: int) -> str:
     """How the actors of a run's attempt on ``tpu_slice`` are named: ``<slice>:a<attempt>``,
-    then ``:learner-<rank>``, ``:rollout-<i>``."""
+    then ``:learner-<rank>``, ``:rollout-<i>`` (``.<n>`` after the n-th replacement of one
+    of the slice's rollout actors) and ``:rollouts`` (their keeper)."""
     return f"{tpu_slice.name}:a{attempt}"
 
 

@@ -9,6 +9,7 @@ engine imports neither by name.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -151,9 +152,9 @@ class _Run:
                 self.seen = setup["start_update"]
                 window = setup.get("metrics") or {"update": self.seen}
                 ray.get(self.board.seed.remote({**window, "update": self.seen}))
-            ray.get(self.evaluator_ready)
             self.startup_s = time.monotonic() - self.started
-            self.startup_profile = {**self.attempt.profile, "warm": self.attempt.warm}
+            self.startup_profile = {**self.attempt.profile, "warm": self.attempt.warm,
+                                    "rollouts_warm": self.attempt.rollouts_warm}
         self.attempt.launch()
         self.loop_start = self.loop_start or time.time()
         self._watch()
@@ -164,6 +165,7 @@ class _Run:
         progress_at = time.monotonic()
         while True:
             finished = self.attempt.finished(options.poll_s)
+            self._check_evaluator_ready()
             snapshot = self._snapshot()
             for row, returns in zip(snapshot["updates"], snapshot["returns"], strict=True):
                 self.seen = row["update"]
@@ -194,6 +196,22 @@ class _Run:
                     f"no update finished for {hung_s:.0f} s (progress_timeout_s="
                     f"{config.progress_timeout_s:g}): a learner stopped answering"
                 )
+
+    def _check_evaluator_ready(self) -> None:
+        """Raise the evaluator's start-up error, once it has started (or failed to).
+
+        NOTE: not waited for before the launch: the evaluator's first work is the first
+        evaluation, so its start (a process, JAX, a compile) runs beside the first updates
+        instead of before them, and the loop keeps answering a stop meanwhile."""
+        import ray
+
+        if self.evaluator_ready is not None:
+            done, _ = ray.wait([self.evaluator_ready], timeout=0)
+            if done:
+                self.evaluator_ready = None
+                # An evaluator lost on its way up is the board's to report and replace.
+                with contextlib.suppress(ray.exceptions.RayActorError):
+                    ray.get(done[0])
 
     def _snapshot(self) -> dict:
         """The board's news since the last row seen, replacing a lost board or evaluator
@@ -293,7 +311,8 @@ class _Run:
             restarts=self.restarts,
             env_steps_redone=self.env_steps_redone,
             recovery_s=round(self.recovery_s, 3),
-            rollout_actors_replaced=max(o["rollouts_replaced"] for o in outcomes),
+            rollout_actors_replaced=(sum(o["rollouts_replaced"] for o in outcomes)
+                                     + self.attempt.rollouts_replaced_at_setup),
             helpers_replaced=self.helpers_replaced,
             startup_profile=self.startup_profile,
             chip_state_digests=digests,

@@ -8,14 +8,77 @@ learner reaches it through a :class:`RolloutFeed`, its side of the actors-mode
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 
+from workbench.engine.cluster_state import CPU_ONLY, kill_and_wait, remote
 from workbench.learn.rollout import RolloutBatch, RolloutWorker
 
 log = logging.getLogger(__name__)
+
+SET_UP_WAIT_S = 600.0
+"""How long a checkpoint's snapshot or restore waits for the rollout actors' set-up."""
+
+
+@dataclass(frozen=True)
+class RolloutLayout:
+    """Where a slice's rollout actors sit and which chips each one feeds."""
+
+    options: list[dict]
+    """Each actor's Ray options: in the bundle of the first chip it feeds, named
+    ``<prefix>:rollout-<i>``."""
+    fed_by: dict[int, tuple[int, int]]
+    """Chip rank -> (actor index, the actor's part for that chip)."""
+    share: int
+    """Chips (parts) per actor."""
+    key: tuple[int, int]
+    """(actors per host, policy lag): actors kept from a run serve a run with the same."""
+    keeper_name: str
+    """``<prefix>:rollouts``, the :class:`RolloutKeeper`'s name."""
+
+
+def rollout_layout(tpu_slice, prefix: str, per_host: int, policy_lag: int) -> RolloutLayout:
+    """Each host's chips split among ``per_host`` rollout actors, which serve their chips'
+    learners in rank order, with a thread for every request those learners can have in
+    flight and one for checkpoint snapshots."""
+    share = tpu_slice.shape.chips_per_host // per_host
+    options: list[dict] = []
+    fed_by: dict[int, tuple[int, int]] = {}
+    for host in tpu_slice.hosts:
+        for k in range(per_host):
+            ranks = host.chips[k * share:(k + 1) * share]
+            index = len(options)
+            options.append(dict(num_cpus=1, runtime_env=CPU_ONLY,
+                                max_concurrency=share * policy_lag + 1,
+                                scheduling_strategy=tpu_slice.scheduling(ranks[0]),
+                                name=f"{prefix}:rollout-{index}"))
+            for part, rank in enumerate(ranks):
+                fed_by[rank] = (index, part)
+    return RolloutLayout(options, fed_by, share, (per_host, policy_lag), f"{prefix}:rollouts")
+
+
+def start_keeper(tpu_slice, layout: RolloutLayout, runs: list[tuple] | None = None):
+    """A :class:`RolloutKeeper` for ``layout`` (on rank 0's bundle, no CPU of its own),
+    its actors given ``runs`` or, without, started empty for a later run."""
+    return remote(RolloutKeeper, num_cpus=0, max_concurrency=len(layout.fed_by) + 2).options(
+        scheduling_strategy=tpu_slice.scheduling(0), name=layout.keeper_name,
+    ).remote(layout.options, runs)
+
+
+def stop_keepers(keepers: list, others: list) -> None:
+    """Kill ``keepers`` with their rollout actors, and ``others``, and wait until the
+    cluster lists all of them dead."""
+    import ray
+
+    rollout_ids: list[str] = []
+    for keeper in keepers:
+        with contextlib.suppress(Exception):
+            rollout_ids += ray.get(keeper.stop_all.remote(), timeout=10)
+    kill_and_wait(list(others) + list(keepers), rollout_ids)
 
 
 class SharedRollout:
@@ -28,23 +91,23 @@ class SharedRollout:
     every run. Run as a Ray actor with one thread per request that can be in flight.
     """
 
-    def __init__(
-        self,
-        env_id: str,
-        envs_per_part: int,
-        parts: int,
-        rollout_length: int,
-        agent,
-        seed: int,
-        index: int,
-        policy_lag: int = 1,
-        wrappers: tuple = (),
-        wait_s: float = 600.0,
-    ) -> None:
+    def __init__(self, *run) -> None:
+        import jax  # noqa: F401  (imported now: an actor kept between runs starts no import)
+
         from workbench.learn.platform import use_compile_cache
 
         # Its policy programs are the same run after run: kept, not compiled each start.
         use_compile_cache()
+        self._cond = threading.Condition()
+        self.worker: RolloutWorker | None = None
+        if run:
+            self.setup(*run)
+
+    def setup(self, env_id: str, envs_per_part: int, parts: int, rollout_length: int, agent,
+              seed: int, index: int, policy_lag: int = 1, wrappers: tuple = (),
+              wait_s: float = 600.0) -> None:
+        """Make this actor a run's: its envs, its policy, its seed. An actor kept from an
+        earlier run (see :class:`RolloutKeeper`) keeps nothing of it but the process."""
         self.worker = RolloutWorker(env_id, envs_per_part * parts, rollout_length, agent,
                                     seed, index, keep_snapshots=policy_lag + 1,
                                     wrappers=wrappers)
@@ -52,12 +115,24 @@ class SharedRollout:
         self.worker.prepare()
         self.parts = parts
         self.wait_s = wait_s
-        self._cond = threading.Condition()
-        self._asked: dict[int, dict[int, tuple]] = {}
-        """for_update -> part -> (policy, policy_version): who has asked for what."""
-        self._done: dict[int, list[RolloutBatch]] = {}
-        self._collected: dict[int, set[int]] = {}
-        self._running = False
+        with self._cond:
+            self._asked: dict[int, dict[int, tuple]] = {}
+            """for_update -> part -> (policy, policy_version): who has asked for what."""
+            self._done: dict[int, list[RolloutBatch]] = {}
+            self._collected: dict[int, set[int]] = {}
+            self._running = False
+
+    def clear(self) -> None:
+        """Drop the finished run's envs and batches; the process stays for the next run."""
+        import gc
+
+        from workbench.learn.heap import release_freed_memory
+
+        with self._cond:
+            self.worker = None
+            self._asked, self._done, self._collected = {}, {}, {}
+        gc.collect()
+        release_freed_memory()
 
     def sample(self, policy, policy_version: int, for_update: int, part: int) -> RolloutBatch:
         """Part ``part`` of the rollout for update ``for_update`` (every part passes the
@@ -118,27 +193,67 @@ class SharedRollout:
 
 
 class RolloutKeeper:
-    """Owns a run's rollout actors (as a Ray actor that imports no JAX) and replaces one
+    """Owns a slice's rollout actors (as a Ray actor that imports no JAX) and replaces one
     that dies.
 
     Learners find their rollout actor here; when one dies, each learner it fed asks for
-    a replacement and all of them get the same new actor.
+    a replacement and all of them get the same new actor. A slice that keeps its learners
+    between runs keeps its keeper and rollout actors with them: each run gives them its
+    own envs and policy (:meth:`setup`) and takes them back empty (:meth:`clear`).
     """
 
-    def __init__(self, specs: list[tuple[dict, tuple]]) -> None:
+    def __init__(self, options: list[dict], runs: list[tuple] | None = None) -> None:
         import ray
 
         self._cls = ray.remote(SharedRollout)
-        self._specs = specs
+        self._options = options
+        self._runs = runs
         self._lock = threading.Lock()
+        self._set_up = threading.Event()
+        """Set while every actor holds the current run (snapshots and restores wait)."""
+        if runs is not None:
+            self._set_up.set()
         self.replaced = 0
-        self.actors = [self._start(i) for i in range(len(specs))]
+        self.actors = [self._start(i) for i in range(len(options))]
 
     def _start(self, index: int):
-        options, args = self._specs[index]
+        options = self._options[index]
         if self.replaced:
             options = {**options, "name": f"{options['name']}.{self.replaced}"}
-        return self._cls.options(**options).remote(*args)
+        run = self._runs[index] if self._runs is not None else ()
+        return self._cls.options(**options).remote(*run)
+
+    def setup(self, runs: list[tuple]) -> int:
+        """Give every actor its part of a new run (``runs[i]``: actor ``i``'s
+        :meth:`SharedRollout.setup` arguments); an actor found dead is replaced. Returns
+        how many were."""
+        import ray
+
+        replaced = 0
+        self._set_up.clear()
+        try:
+            with self._lock:
+                self._runs = runs
+                calls = [actor.setup.remote(*run)
+                         for actor, run in zip(self.actors, runs, strict=True)]
+            for index, call in enumerate(calls):
+                try:
+                    ray.get(call)
+                except ray.exceptions.RayActorError:
+                    replaced += 1
+                    with self._lock:
+                        self.replaced += 1
+                        self.actors[index] = self._start(index)
+        finally:
+            self._set_up.set()
+        return replaced
+
+    def clear(self) -> None:
+        """Empty every actor after a run (raises if one is gone: then none is kept)."""
+        import ray
+
+        self._runs = None
+        ray.get([actor.clear.remote() for actor in self.actors], timeout=30)
 
     def actor(self, index: int):
         return self.actors[index]
@@ -158,6 +273,7 @@ class RolloutKeeper:
         ``for_update`` (for a checkpoint)."""
         import ray
 
+        self._set_up.wait(SET_UP_WAIT_S)
         with self._lock:
             actors = list(self.actors)
         return ray.get([actor.snapshot.remote(for_update) for actor in actors])
@@ -167,17 +283,21 @@ class RolloutKeeper:
         checkpoint had another number of rollout actors or any could not be pickled."""
         import ray
 
+        self._set_up.wait(SET_UP_WAIT_S)
         if len(snapshots) != len(self.actors) or any(s is None for s in snapshots):
             return False
         return all(ray.get([actor.restore.remote(s)
                             for actor, s in zip(self.actors, snapshots, strict=True)]))
 
-    def replace(self, index: int, dead_actor_id: str):
+    def replace(self, index: int, dead_actor_id: str) -> tuple:
+        """The actor that stands for the dead one, and whether this call started it (the
+        first of the learners it fed to ask, unless :meth:`setup` replaced it already)."""
         with self._lock:
-            if self.actors[index]._actor_id.hex() == dead_actor_id:
+            started = self.actors[index]._actor_id.hex() == dead_actor_id
+            if started:
                 self.replaced += 1
                 self.actors[index] = self._start(index)
-            return self.actors[index]
+            return self.actors[index], started
 
 
 class RolloutFeed:
@@ -211,8 +331,8 @@ class RolloutFeed:
             # asks the keeper, which starts one replacement for all of them, and asks it
             # again for the same updates with the same policies.
             dead = self.actor._actor_id.hex()
-            self.actor = ray.get(self.keeper.replace.remote(self.index, dead))
-            self.replaced += 1
+            self.actor, started = ray.get(self.keeper.replace.remote(self.index, dead))
+            self.replaced += started
             log.warning("chip %d: rollout actor %s died; continuing with a new one",
                         self.rank, dead[:8])
             self._in_flight = deque((a, self.actor.sample.remote(*a, self.part))

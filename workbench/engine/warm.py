@@ -1,12 +1,13 @@
-"""Learner processes kept warm on a reserved slice.
+"""Learner and rollout processes kept warm on a reserved slice.
 
 Starting a chip's learner costs a process, JAX's import and the ``jax.distributed`` join:
-tens of seconds on a small machine, most of a short run's start-up. A slice reserved with
-``keep_learners`` therefore keeps its learners after a run that ended cleanly (or has them
+tens of seconds on a small machine, most of a short run's start-up; a run's rollout
+actors cost a process and JAX's import each, and their keeper a process. A slice reserved
+with ``keep_learners`` therefore keeps them after a run that ended cleanly (or has them
 started in the background right after its reservation, :func:`start_learners`), and the
 next run on it sets them up afresh instead of starting new ones; each run's ``setup``
-replaces every piece of per-run state a learner holds. They are stopped when the slice is
-released or recovered, when one of them is found dead, and before anything else needs the
+replaces every piece of per-run state they hold. They are stopped when the slice is
+released or recovered, when a learner is found dead, and before anything else needs the
 chips' TPU resource (a sweep's programs).
 """
 
@@ -24,7 +25,8 @@ from workbench.engine.chip_group import (
     start_chip_actors,
     wait_for_joins,
 )
-from workbench.engine.cluster_state import kill_and_wait
+from workbench.engine.config import TrainConfig
+from workbench.engine.rollouts import RolloutLayout, rollout_layout, start_keeper, stop_keepers
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,11 @@ class LearnerGroup:
     platform_ref: object
     join_refs: list
     platform: str | None = None
+    rollout_keeper: object = None
+    """The rollout actors' keeper, kept with the learners (None until a run or
+    :func:`start_learners` starts one)."""
+    rollout_key: tuple | None = None
+    """The :class:`~workbench.engine.rollouts.RolloutLayout` key they were started for."""
 
     def wait_joined(self, timeout_s: float) -> str:
         """Block until every learner has joined; returns the learners' JAX platform.
@@ -54,8 +61,25 @@ class LearnerGroup:
             self.platform = ray.get(self.platform_ref, timeout=60)
         return self.platform
 
+    def rollouts_for(self, layout: RolloutLayout):
+        """The kept rollout keeper if its actors are laid out as ``layout`` asks, else
+        None (and kept ones laid out otherwise are stopped, freeing their CPUs)."""
+        if self.rollout_keeper is not None and self.rollout_key != layout.key:
+            self.stop_rollouts()
+        return self.rollout_keeper
+
+    def hold_rollouts(self, keeper, layout: RolloutLayout) -> None:
+        self.rollout_keeper, self.rollout_key = keeper, layout.key
+
+    def stop_rollouts(self) -> None:
+        if self.rollout_keeper is not None:
+            stop_keepers([self.rollout_keeper], [])
+        self.rollout_keeper = self.rollout_key = None
+
     def kill(self) -> None:
-        kill_and_wait(self.learners)
+        keepers = [self.rollout_keeper] if self.rollout_keeper is not None else []
+        self.rollout_keeper = self.rollout_key = None
+        stop_keepers(keepers, self.learners)
 
 
 def start_group(tpu_slice, attempt: int, distributed_timeout_s: float) -> LearnerGroup:
@@ -89,6 +113,12 @@ def start_learners(tpu_slice, distributed_timeout_s: float = 120.0) -> None:
     if tpu_slice in _kept:
         return
     group = start_group(tpu_slice, 0, distributed_timeout_s)
+    if tpu_slice.cpus_per_chip >= 2:
+        # Room beside each learner for a rollout actor: started empty, laid out as a run
+        # with the default actors per host and policy lag asks.
+        layout = rollout_layout(tpu_slice, attempt_prefix(tpu_slice, 0),
+                                TrainConfig.rollout_actors_per_host, TrainConfig.policy_lag)
+        group.hold_rollouts(start_keeper(tpu_slice, layout), layout)
     _keep(tpu_slice, group)
 
 
@@ -117,8 +147,9 @@ def take(tpu_slice) -> LearnerGroup | None:
 
 
 def keep(tpu_slice, group: LearnerGroup) -> bool:
-    """Keep a finished run's learners on the slice for the next run, if the slice asks for
-    that and they could be cleared. Returns whether kept; if not, the caller stops them."""
+    """Keep a finished run's learners (and rollout actors) on the slice for the next run,
+    if the slice asks for that and they could be cleared. Returns whether kept; if not,
+    the caller stops them. Rollout actors that could not be cleared are stopped here."""
     import ray
 
     if not tpu_slice.keep_learners or tpu_slice.released:
@@ -128,6 +159,12 @@ def keep(tpu_slice, group: LearnerGroup) -> bool:
     except Exception as error:
         log.info("could not clear the run's learners (%s); stopping them", error)
         return False
+    if group.rollout_keeper is not None:
+        try:
+            ray.get(group.rollout_keeper.clear.remote(), timeout=40)
+        except Exception as error:
+            log.info("could not clear the run's rollout actors (%s); stopping them", error)
+            group.stop_rollouts()
     _keep(tpu_slice, group)
     return True
 
