@@ -42,9 +42,11 @@ def first_run(sim_cluster, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def two_by_two(sim_cluster):
-    """One slice for the module's other runs: after the first, each takes the learners the
-    run before it kept warm."""
+    """One slice for the module's other runs: its learners and rollout actors started
+    right after the reservation (as the slice picker does), then each run takes the ones
+    the run before it kept warm."""
     with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
+        wb.start_learners(tpu_slice)
         yield tpu_slice
 
 
@@ -101,6 +103,8 @@ def test_same_seed_same_curve_and_resume_continues_exactly(first_run, two_by_two
     assert again.chip_state_digests == result.chip_state_digests
     assert resumed.updates == 3
     assert set(resumed.chip_state_digests) == {result.chip_state_digests[0]}
+    # The resumed run was the slice's first: it took the processes started at reservation.
+    assert resumed.startup_profile["warm"] and resumed.startup_profile["rollouts_warm"]
 
 
 def test_a_loss_defined_in_a_notebook_cell_trains_with_per_minibatch_all_reduce(two_by_two):

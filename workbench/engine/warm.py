@@ -112,7 +112,13 @@ def start_learners(tpu_slice, distributed_timeout_s: float = 120.0) -> None:
         raise ValueError("This slice has been released; reserve a new one first.")
     if tpu_slice in _kept:
         return
+    from workbench.engine.plan import plan_run
+
     group = start_group(tpu_slice, 0, distributed_timeout_s)
+    # A run with the defaults is what the learners warm up on (see warm_up).
+    default_agent = plan_run(TrainConfig()).agent(tpu_slice.num_chips)
+    for learner, joined in zip(group.learners, group.join_refs, strict=True):
+        learner.warm_up.remote(default_agent, joined)
     if tpu_slice.cpus_per_chip >= 2:
         # Room beside each learner for a rollout actor: started empty, laid out as a run
         # with the default actors per host and policy lag asks.
