@@ -142,3 +142,50 @@ def test_a_process_keeps_its_compiled_programs_loaded_between_runs():
     for size in range(5, 5 + compile_cache.IN_MEMORY_PROGRAMS):
         compile_cache.load_or_compile(jax.jit(total).lower((jnp.ones(size),)))
     assert compile_cache.load_or_compile(jax.jit(total).lower((x, x))) is not first
+
+
+def test_a_learner_of_the_same_setup_but_its_seed_reuses_the_lowered_programs(monkeypatch):
+    """A learner kept warm traces the next run's programs only if they differ: another seed
+    is the same programs (and the same result as tracing again), another batch is not,
+    and a setup that cannot be pickled here (a loss defined in a notebook) is always
+    traced."""
+    import jax
+    import numpy as np
+
+    from workbench.algos import ppo as ppo_module
+    from workbench.engine import TrainConfig
+    from workbench.engine.plan import plan_run
+    from workbench.learn import learner as learner_module
+    from workbench.learn.actors_mode import BatchLearner, LocalSource
+
+    traced = []
+    lower = BatchLearner._lower
+    monkeypatch.setattr(BatchLearner, "_lower", lambda self: traced.append(1) or lower(self))
+    monkeypatch.setattr(learner_module, "_lowered_programs", learner_module.OrderedDict())
+
+    def built(config: TrainConfig) -> BatchLearner:
+        learner = BatchLearner(plan_run(config).learner_setup(1, "batch"), LocalSource([]))
+        learner.compile()
+        return learner
+
+    first = built(TrainConfig(seed=1, envs_per_chip=4, rollout_length=8))
+    other_seed = built(TrainConfig(seed=2, envs_per_chip=4, rollout_length=8))
+    assert len(traced) == 1
+    # The seed is in the state, not in the programs.
+    params = [jax.tree.leaves(learner.policy_numpy()) for learner in (first, other_seed)]
+    assert not all(np.array_equal(a, b) for a, b in zip(*params, strict=True))
+    built(TrainConfig(seed=1, envs_per_chip=8, rollout_length=8))
+    assert len(traced) == 2
+
+    def notebook_loss(params, apply_fn, batch, config):
+        return ppo_module.ppo_loss(params, apply_fn, batch, config)
+
+    algorithm = ppo_module.with_loss(notebook_loss)
+    setup = plan_run(TrainConfig(seed=1, envs_per_chip=4, rollout_length=8)).learner_setup(
+        1, "batch")
+    setup = learner_module.dataclasses.replace(
+        setup, agent=learner_module.dataclasses.replace(setup.agent, algorithm=algorithm))
+    assert learner_module.program_identity(setup) is None
+    for _ in range(2):
+        BatchLearner(setup, LocalSource([])).compile()
+    assert len(traced) == 4

@@ -9,8 +9,11 @@ its mesh spans the whole slice and the same update keeps every chip equal. Both 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import pickle
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -73,6 +76,21 @@ class StepOutcome:
     """The policy version of each batch learned from."""
 
 
+LOWERED_KEPT = 8
+"""Lowered learner programs a process keeps (see :meth:`ChipLearner._lowered`)."""
+_lowered_programs: OrderedDict = OrderedDict()
+
+
+def program_identity(setup: LearnerSetup) -> bytes | None:
+    """What a learner's programs are lowered from: its setup with the seed left out, as a
+    digest; ``None`` when the setup cannot be pickled here (an algorithm or env defined in a
+    notebook arrives by value), and then nothing is reused."""
+    try:
+        return hashlib.sha256(pickle.dumps(dataclasses.replace(setup, seed=0))).digest()
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return None
+
+
 def to_numpy(tree):
     """A host copy of a (replicated) pytree of arrays, read from this process's devices."""
     import jax
@@ -104,13 +122,14 @@ class ChipLearner:
         self._per_chip = NamedSharding(self.mesh, P(AXIS))
         self.agent = setup.agent.build()
         self.keys = run_keys.run_keys(setup.seed)
+        self._program_identity = program_identity(setup)
         self.chip_update = sync.chip_update(self.agent.update, setup.sync, AXIS)
         self.check_replication = sync.checks_replication(setup.sync)
         # Initialising an orthogonal network compiles for seconds: cached like the update,
         # and the key is an argument, so every seed shares one program.
         make_state = jax.jit(self.agent.init, out_shardings=self._replicated)
         key = self._replicate(self.keys.params)
-        self.state = load_or_compile(make_state.lower(key))(key)
+        self.state = load_or_compile(self._lowered("init", lambda: make_state.lower(key)))(key)
         # Kept on the host too, so the per-update key needs no device read.
         self._updates = 0
         self._compiled = None
@@ -121,8 +140,24 @@ class ChipLearner:
         """Compile the update ahead of the first step; returns the seconds it took."""
         started = time.perf_counter()
         if self._compiled is None:
-            self._compiled = load_or_compile(self._lower())
+            self._compiled = load_or_compile(self._lowered("update", self._lower))
         return time.perf_counter() - started
+
+    def _lowered(self, what: str, lower: Callable[[], Any]):
+        """``lower()``, or what it gave a learner of this process built from the same setup
+        but for the seed (every key is an argument, so the programs are the same): a
+        learner kept warm skips tracing its programs again."""
+        if self._program_identity is None:
+            return lower()
+        key = (type(self).__qualname__, what, self.num_chips, self._program_identity)
+        lowered = _lowered_programs.get(key)
+        if lowered is None:
+            lowered = lower()
+        _lowered_programs[key] = lowered
+        _lowered_programs.move_to_end(key)
+        while len(_lowered_programs) > LOWERED_KEPT:
+            _lowered_programs.popitem(last=False)
+        return lowered
 
     def step(self, stop: bool = False, checkpoint: bool = False) -> StepOutcome:
         """One update; every chip of the slice must call it together. ``stop`` and
