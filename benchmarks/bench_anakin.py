@@ -13,13 +13,18 @@ whole process tree's peak RSS and CPU time sampled as in ``bench_ppo_vs_rllib.py
           global batch (64 envs x 64 steps) and PPO hyperparameters: the ceiling on this
           CPU, what spreading over chips is measured against.
   actors  the actors mode with gymnasium's CartPole-v1 on the same simulated slice.
+  actors_single
+          the actors mode's own limit: the same gymnasium vector envs (all four chips'
+          envs in one), the same policy forward, the same update and policy lag, in one
+          process without Ray (``workbench.engine.in_process.train_in_process``).
   rllib   RLlib's PPO with its tuned CartPole settings (needs the ``rllib`` extra).
 
 Targets as in the engine: the training target is a mean of the last 100 training episodes
 >= 475; times are seconds of training loop from its start (cold start, which includes the
 compile, is reported apart). Goals: Anakin's time to the target within 2x of the single
 process's and its env-steps/s at least half of it; Anakin at least 30x faster to the
-target than RLlib.
+target than RLlib; the actors mode at least 0.7x of its one-process peer's env-steps/s, and
+its time to the target at most 1/0.7 of the peer's.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from bench_ppo_vs_rllib import (  # noqa: E402
 
 JAX_CARTPOLE = "workbench/CartPole-v1"
 SIMULATED_CHIPS = 4  # v6e 2x2
-KINDS = ("anakin", "single", "actors", "rllib")
+KINDS = ("anakin", "single", "actors", "actors_single", "rllib")
 
 
 def single_worker(seed: int, total_env_steps: int) -> Record:
@@ -58,6 +63,39 @@ def single_worker(seed: int, total_env_steps: int) -> Record:
 
     return single_process_run(TrainConfig(env=JAX_CARTPOLE, mode="anakin", seed=seed,
                                           total_env_steps=total_env_steps))
+
+
+def actors_single_worker(seed: int, total_env_steps: int) -> Record:
+    """The actors mode in one plain process: one rollout worker stepping the four chips'
+    gymnasium CartPoles, one learner on one CPU device, no Ray."""
+    from workbench.learn.platform import configure_jax_platform
+
+    configure_jax_platform("cpu")
+    from workbench.engine import TrainConfig
+    from workbench.engine.in_process import train_in_process
+
+    imports_s = process_age_s()
+    started = time.monotonic()
+    done = train_in_process(TrainConfig(env="CartPole-v1", mode="actors", seed=seed,
+                                        total_env_steps=total_env_steps, stop_at_target=True),
+                            chips=SIMULATED_CHIPS)
+    target_s = done.time_to_train_target_s
+    last = done.curve[-1] if done.curve else {}
+    return {
+        "side": "actors_single",
+        "imports_s": round(imports_s, 3),
+        "cold_start_s": round(done.startup_s, 3),
+        "loop_s": round(done.loop_s, 3),
+        "wall_s": round(time.monotonic() - started, 3),
+        "env_steps": done.env_steps,
+        "updates": len(done.curve),
+        "env_steps_per_s": round(done.env_steps_per_s, 1),
+        "time_to_train_target_s": None if target_s is None else round(target_s, 3),
+        "env_steps_to_train_target": None if done.train_target is None
+        else done.train_target["env_steps"],
+        "mean_return_100": last.get("mean_return_100"),
+        "final_return": done.final_return,
+    }
 
 
 def single_process_run(slice_config: Any, chips: int = SIMULATED_CHIPS) -> Record:
@@ -127,6 +165,16 @@ def summarize(runs: dict[str, list[Record]]) -> Record:
         goals["anakin_env_steps_per_s_at_least_half_of_single_process"] = {
             "anakin_over_single": share, "need_at_least": 0.5,
             "met": None if share is None else share >= 0.5}
+    actors, actors_single = median.get("actors"), median.get("actors_single")
+    if actors and actors_single:
+        share = ratio(actors["env_steps_per_s"], actors_single["env_steps_per_s"])
+        time_share = ratio(actors_single["time_to_train_target_s"],
+                           actors["time_to_train_target_s"])
+        goals["actors_at_least_0.7x_of_its_one_process_peer"] = {
+            "env_steps_per_s_actors_over_peer": share,
+            "time_to_target_peer_over_actors": time_share, "need_at_least": 0.7,
+            "met": None if share is None or time_share is None
+            else share >= 0.7 and time_share >= 0.7}
     if anakin and runs.get("rllib"):
         goal = speedup_goal(runs["rllib"], runs["anakin"], "time_to_train_target_s", 30.0)
         goals["anakin_at_least_30x_faster_to_target_than_rllib"] = goal
@@ -155,6 +203,7 @@ def run_benchmark(args: argparse.Namespace) -> Record:
         "anakin": ["--env-steps", str(args.env_steps)],
         "single": ["--env-steps", str(args.env_steps)],
         "actors": ["--env-steps", str(args.env_steps)],
+        "actors_single": ["--env-steps", str(args.env_steps)],
         "rllib": ["--rllib-max-env-steps", str(args.rllib_max_env_steps)],
     }
     for seed in seeds:
@@ -201,6 +250,8 @@ def main() -> None:
         record = workbench_worker(args.seed, args.env_steps)
     elif args.worker == "single":
         record = single_worker(args.seed, args.env_steps)
+    elif args.worker == "actors_single":
+        record = actors_single_worker(args.seed, args.env_steps)
     else:
         record = rllib_worker(args.seed, args.rllib_max_env_steps, eval_every=5)
     record["side"] = args.worker

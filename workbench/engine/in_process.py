@@ -35,6 +35,15 @@ class InProcessResult:
     """The row where the last 100 episodes first averaged the target."""
     policy_versions: list[list[int]] = dataclasses.field(default_factory=list)
     """The policy version of each batch each update learned from."""
+    loop_started: float = 0.0
+    """When the training loop started (``time.time()``), what row times count from."""
+
+    @property
+    def time_to_train_target_s(self) -> float | None:
+        """Seconds of training loop until the training target, if it was reached."""
+        if self.train_target is None:
+            return None
+        return self.train_target["time"] - self.loop_started
 
     @property
     def env_steps_per_s(self) -> float:
@@ -95,4 +104,4 @@ def train_in_process(config: TrainConfig, *, chips: int = 1, evaluate: bool = Tr
         returns = evaluator.evaluate(learner.policy_numpy(), config.eval_episodes)
         final = sum(returns) / len(returns)
     return InProcessResult(log.rows, env_steps, loop_s, startup_s, final, log.train_target,
-                           versions)
+                           versions, loop_start)
