@@ -15,6 +15,8 @@ import logging
 import os
 import tempfile
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +112,22 @@ def load_or_compile(lowered, directory: str | None = None):
     # argument structures, and a loaded program accepts only the one it was lowered for
     # (a program read from disk takes them from ``lowered``).
     loaded = (name, str(lowered.in_tree), str(lowered.out_tree))
-    compiled = _in_memory.get(loaded)
-    if compiled is None:
-        compiled = _load_or_compile(lowered, name, directory, shared)
-    _in_memory[loaded] = compiled
-    _in_memory.move_to_end(loaded)
-    while len(_in_memory) > IN_MEMORY_PROGRAMS:
-        _in_memory.popitem(last=False)
-    return compiled
+    return kept_in_memory(_in_memory, loaded,
+                          lambda: _load_or_compile(lowered, name, directory, shared),
+                          IN_MEMORY_PROGRAMS)
+
+
+def kept_in_memory(store: OrderedDict, key, make: Callable[[], Any], limit: int):
+    """``store[key]``, made by ``make()`` when missing; ``store`` keeps the ``limit`` most
+    recently used entries (a learner kept warm between runs finds its programs there)."""
+    found = store.get(key)
+    if found is None:
+        found = make()
+    store[key] = found
+    store.move_to_end(key)
+    while len(store) > limit:
+        store.popitem(last=False)
+    return found
 
 
 IN_MEMORY_PROGRAMS = 8

@@ -23,7 +23,7 @@ import numpy as np
 from workbench.algos.base import Agent, Algorithm, Spaces
 from workbench.learn import keys as run_keys
 from workbench.learn import sync
-from workbench.learn.compile_cache import load_or_compile
+from workbench.learn.compile_cache import kept_in_memory, load_or_compile
 
 AXIS = "chips"
 
@@ -150,14 +150,7 @@ class ChipLearner:
         if self._program_identity is None:
             return lower()
         key = (type(self).__qualname__, what, self.num_chips, self._program_identity)
-        lowered = _lowered_programs.get(key)
-        if lowered is None:
-            lowered = lower()
-        _lowered_programs[key] = lowered
-        _lowered_programs.move_to_end(key)
-        while len(_lowered_programs) > LOWERED_KEPT:
-            _lowered_programs.popitem(last=False)
-        return lowered
+        return kept_in_memory(_lowered_programs, key, lower, LOWERED_KEPT)
 
     def step(self, stop: bool = False, checkpoint: bool = False) -> StepOutcome:
         """One update; every chip of the slice must call it together. ``stop`` and
