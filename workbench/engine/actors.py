@@ -73,21 +73,16 @@ class ChipLearnerActor:
         own = ray.util.get_node_ip_address() if platform == "cpu" else None
         return join_distributed(coordinator, self.num_chips, self.rank, timeout_s, own)
 
-    def warm_up(self, agent: AgentSpec, joined: float | None = None) -> float:
+    def warm_up(self, agent: AgentSpec, joined: float | None = None) -> None:
         """Build ``agent`` and trace its initialisation once, on this process alone, and
-        keep nothing; returns the seconds it took. A process's first trace pays for JAX's
-        own set-up (its devices, the eager ops that split keys, tracing's caches), which
-        the first run's set-up then skips. ``joined``: the join's result, so that Ray runs
-        this after the join."""
+        keep nothing. A process's first trace pays for JAX's own set-up (its devices, the
+        eager ops that split keys, tracing's caches), which the first run's set-up then
+        skips. ``joined``: the join's result, so that Ray runs this after the join."""
         import jax
 
         from workbench.learn import keys as run_keys
 
-        started = time.monotonic()
-        jax.devices()
-        built = agent.build()
-        jax.jit(built.init).lower(run_keys.run_keys(0).params)
-        return time.monotonic() - started
+        jax.jit(agent.build().init).lower(run_keys.run_keys(0).params)
 
     def setup(self, config: TrainConfig, setup: LearnerSetup, mode: str, feed: tuple | None,
               board, checkpoints: Checkpoints) -> dict:

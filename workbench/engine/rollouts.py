@@ -115,6 +115,9 @@ class SharedRollout:
         self.worker.prepare()
         self.parts = parts
         self.wait_s = wait_s
+        self._forget_requests()
+
+    def _forget_requests(self) -> None:
         with self._cond:
             self._asked: dict[int, dict[int, tuple]] = {}
             """for_update -> part -> (policy, policy_version): who has asked for what."""
@@ -128,9 +131,8 @@ class SharedRollout:
 
         from workbench.learn.heap import release_freed_memory
 
-        with self._cond:
-            self.worker = None
-            self._asked, self._done, self._collected = {}, {}, {}
+        self.worker = None
+        self._forget_requests()
         gc.collect()
         release_freed_memory()
 
