@@ -68,87 +68,39 @@ def single_worker(seed: int, total_env_steps: int) -> Record:
 def actors_single_worker(seed: int, total_env_steps: int) -> Record:
     """The actors mode in one plain process: one rollout worker stepping the four chips'
     gymnasium CartPoles, one learner on one CPU device, no Ray."""
+    from workbench.engine import TrainConfig
+
+    record = single_process_run(TrainConfig(env="CartPole-v1", mode="actors", seed=seed,
+                                            total_env_steps=total_env_steps,
+                                            stop_at_target=True))
+    return {**record, "side": "actors_single"}
+
+
+def single_process_run(slice_config: Any, chips: int = SIMULATED_CHIPS) -> Record:
+    """``slice_config``'s run in this one process, no Ray
+    (:func:`~workbench.engine.in_process.train_in_process`): one CPU device learns from
+    every env of the ``chips`` chips (the same global batch and hyperparameters)."""
     from workbench.learn.platform import configure_jax_platform
 
     configure_jax_platform("cpu")
-    from workbench.engine import TrainConfig
     from workbench.engine.in_process import train_in_process
 
     imports_s = process_age_s()
-    started = time.monotonic()
-    done = train_in_process(TrainConfig(env="CartPole-v1", mode="actors", seed=seed,
-                                        total_env_steps=total_env_steps, stop_at_target=True),
-                            chips=SIMULATED_CHIPS)
+    done = train_in_process(slice_config, chips=chips)
     target_s = done.time_to_train_target_s
-    last = done.curve[-1] if done.curve else {}
     return {
-        "side": "actors_single",
+        "side": "single",
         "imports_s": round(imports_s, 3),
         "cold_start_s": round(done.startup_s, 3),
         "loop_s": round(done.loop_s, 3),
-        "wall_s": round(time.monotonic() - started, 3),
         "env_steps": done.env_steps,
         "updates": len(done.curve),
         "env_steps_per_s": round(done.env_steps_per_s, 1),
         "time_to_train_target_s": None if target_s is None else round(target_s, 3),
         "env_steps_to_train_target": None if done.train_target is None
         else done.train_target["env_steps"],
-        "mean_return_100": last.get("mean_return_100"),
+        "mean_return_100": done.curve[-1].get("mean_return_100") if done.curve else None,
         "final_return": done.final_return,
-    }
-
-
-def single_process_run(slice_config: Any, chips: int = SIMULATED_CHIPS) -> Record:
-    """The Anakin learner of ``slice_config`` in this one process, no Ray: one CPU device
-    steps every env of the ``chips`` chips (the same global batch and hyperparameters)."""
-    import dataclasses
-
-    from workbench.learn.platform import configure_jax_platform
-
-    configure_jax_platform("cpu")
-    from workbench.engine.metrics import MetricsLog, UpdateRecord
-    from workbench.engine.plan import plan_run
-    from workbench.learn.anakin import AnakinLearner
-    from workbench.learn.evaluation import GreedyEvaluator
-
-    imports_s = process_age_s()
-    config = dataclasses.replace(slice_config, envs_per_chip=slice_config.envs_per_chip * chips)
-    plan = plan_run(config)
-    num_updates = config.num_updates(1)
-    started = time.monotonic()
-    setup = plan.learner_setup(1, "gradients")
-    learner = AnakinLearner(setup)
-    compile_s = learner.compile()
-    cold_start_s = time.monotonic() - started
-    log = MetricsLog(1, plan.target_return)
-    env_steps = 0
-    loop_start = time.time()
-    for update in range(num_updates):
-        result = learner.step()
-        env_steps += learner.steps_per_update
-        log.add(UpdateRecord(update + 1, 0, time.time(), env_steps, learner.steps_per_update,
-                             list(result.episode_returns), result.step_s, result.metrics))
-        if config.stop_at_target and log.train_target is not None:
-            break
-    loop_s = time.time() - loop_start
-    evaluator = GreedyEvaluator(plan.env_ref or config.env, setup.agent, config.seed,
-                                plan.jax_env.make, config.wrappers)
-    final = evaluator.evaluate(learner.policy_numpy(), config.eval_episodes)
-    target = log.train_target
-    return {
-        "side": "single",
-        "imports_s": round(imports_s, 3),
-        "compile_s": round(compile_s, 3),
-        "cold_start_s": round(cold_start_s, 3),
-        "loop_s": round(loop_s, 3),
-        "env_steps": env_steps,
-        "updates": learner.update_count,
-        "env_steps_per_s": round(env_steps / loop_s, 1),
-        "time_to_train_target_s": None if target is None else round(target["time"] - loop_start,
-                                                                    3),
-        "env_steps_to_train_target": None if target is None else target["env_steps"],
-        "mean_return_100": log.rows[-1].get("mean_return_100") if log.rows else None,
-        "final_return": float(sum(final) / len(final)),
     }
 
 
