@@ -10,6 +10,7 @@ The full bars (against RLlib, over several seeds) are ``benchmarks/bench_algorit
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -88,6 +89,10 @@ def test_continuous_actions_and_brax_on_the_slice(two_by_two):
     result = train(two_by_two, TrainConfig(**PENDULUM, total_env_steps=3 * 4 * 4 * 128))
     assert result.updates == 3 and result.target_return is None  # Pendulum has none
     _one_state(result)
+    # Pendulum has no vectorised form: an actor per chip, as far as this machine's cores
+    # (shared by the simulated host's four learners) go.
+    spare = len(os.sched_getaffinity(0)) - 4
+    assert result.rollout_actors_per_host == max(n for n in (1, 2, 4) if n <= max(1, spare))
     # brax across the slice's processes: its loader puts the model on jax.devices()[0],
     # which only rank 0 can address, unless the adapter keeps it on each rank's own chip.
     # Gradient sync: the mode whose per-chip typing brax's solver does not pass.

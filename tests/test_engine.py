@@ -60,6 +60,8 @@ def test_a_run_records_what_users_read(first_run):
         assert key in record
     assert (result.chips, result.hosts, result.updates) == (4, 1, 3)
     assert (result.algo, result.sync, result.target_return) == ("ppo", "batch", 475.0)
+    # CartPole steps vectorised: one rollout actor serves the host's four chips.
+    assert result.rollout_actors_per_host == 1
     assert result.env_steps == 3 * 1024 and result.env_steps_per_s > 0
     assert [row["update"] for row in result.curve] == [1, 2, 3]
     assert all(len(row["chip_step_s"]) == 4 for row in result.curve)
@@ -259,6 +261,25 @@ def test_resuming_from_a_path_that_is_not_a_checkpoint_says_so(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(checkpoint.CheckpointError, match="holds no workbench checkpoint"):
         checkpoint.restore(str(tmp_path / "empty"))
+
+
+def test_rollout_actors_per_host_follow_the_hosts_cpus_when_left_to_the_workbench():
+    from workbench.engine.plan import auto_rollout_actors
+
+    # A vectorised env (CartPole) needs one actor per host whatever the CPUs.
+    assert auto_rollout_actors(4, 8, vectorised=True) == 1
+    # One stepped env by env: an actor per chip whose bundle has a CPU beside its learner.
+    assert auto_rollout_actors(4, 2, vectorised=False) == 4
+    assert auto_rollout_actors(8, 4, vectorised=False) == 8
+    assert auto_rollout_actors(4, 1, vectorised=False) == 1
+    # On a simulated slice, no more than this machine's spare cores, and a divisor of the
+    # host's chips (each actor feeds an equal share).
+    assert auto_rollout_actors(4, 2, vectorised=False, machine_cpus=3) == 2
+    assert auto_rollout_actors(4, 2, vectorised=False, machine_cpus=0) == 1
+    # 0 is the default and valid; negative counts are not.
+    assert TrainConfig().rollout_actors_per_host == 0
+    with pytest.raises(ValueError, match="rollout_actors_per_host"):
+        TrainConfig(rollout_actors_per_host=-1).validate()
 
 
 def test_tpu_process_environment_for_one_process_per_chip():

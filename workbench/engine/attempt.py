@@ -89,7 +89,7 @@ class Attempt:
         config = plan.config
         if not plan.host_rollouts:
             return [None] * tpu_slice.num_chips
-        layout = rollout_layout(tpu_slice, self.prefix, config.rollout_actors_per_host,
+        layout = rollout_layout(tpu_slice, self.prefix, plan.rollout_actors_per_host(tpu_slice),
                                 config.policy_lag)
         agent = plan.agent(tpu_slice.num_chips)
         runs = [(plan.env_ref, config.envs_per_chip, layout.share, config.rollout_length,

@@ -38,8 +38,11 @@ class TrainConfig:
     """Budget of environment steps over all chips."""
     seed: int = 0
     """Seeds everything through one key tree; same seed and slice, same curve."""
-    rollout_actors_per_host: int = 1
-    """Rollout actors on each host (actors mode); each feeds an equal share of its chips."""
+    rollout_actors_per_host: int = 0
+    """Rollout actors on each host (actors mode); each feeds an equal share of its chips.
+    0 lets the workbench choose from the host's CPUs: one for an env with a vectorised
+    implementation, else one per chip that the reservation has a CPU for (on a simulated
+    slice, no more than this machine's cores allow)."""
     policy_lag: int = 1
     """Actors mode: how many updates ahead of a learner its rollout actors run. 1: each
     rollout overlaps one update, with the policy exactly one version behind; more keeps
@@ -114,13 +117,14 @@ class TrainConfig:
         if not isinstance(self.env, str) or not self.env:
             raise ConfigError("env", f"must be a gymnasium id such as 'CartPole-v1', got "
                                      f"{self.env!r}.")
-        for name in ("total_env_steps", "rollout_actors_per_host", "envs_per_chip",
-                     "rollout_length", "eval_episodes", "policy_lag"):
+        for name in ("total_env_steps", "envs_per_chip", "rollout_length", "eval_episodes",
+                     "policy_lag"):
             check_whole(name, getattr(self, name), 1)
         if self.total_env_steps > MAX_ENV_STEPS:
             raise ConfigError("total_env_steps", f"={self.total_env_steps} is beyond any run "
                                                  f"here (at most {MAX_ENV_STEPS:.0e}).")
-        for name in ("eval_every", "checkpoint_every", "seed", "max_restarts"):
+        for name in ("eval_every", "checkpoint_every", "seed", "max_restarts",
+                     "rollout_actors_per_host"):
             check_whole(name, getattr(self, name), 0)
         if self.seed > MAX_SEED:
             raise ConfigError("seed", f"must be at most {MAX_SEED}, got {self.seed}.")

@@ -311,6 +311,7 @@ class _Run:
             restarts=self.restarts,
             env_steps_redone=self.env_steps_redone,
             recovery_s=round(self.recovery_s, 3),
+            rollout_actors_per_host=self.plan.rollout_actors_per_host(tpu_slice),
             rollout_actors_replaced=(sum(o["rollouts_replaced"] for o in outcomes)
                                      + self.attempt.rollouts_replaced_at_setup),
             helpers_replaced=self.helpers_replaced,

@@ -54,6 +54,21 @@ class RunPlan:
         return AgentSpec(self.algorithm, self.hyperparameters, self.spaces,
                          self.config.num_updates(num_chips))
 
+    def rollout_actors_per_host(self, tpu_slice) -> int:
+        """The config's ``rollout_actors_per_host``, or with 0 the count
+        :func:`auto_rollout_actors` picks for ``tpu_slice``; 0 in a mode without host
+        rollouts."""
+        if not self.host_rollouts:
+            return 0
+        if self.config.rollout_actors_per_host:
+            return self.config.rollout_actors_per_host
+        shape = tpu_slice.shape
+        return auto_rollout_actors(
+            shape.chips_per_host, tpu_slice.cpus_per_chip,
+            vectorised=steps_vectorised(self.env_ref, self.config.wrappers),
+            machine_cpus=_machine_cpus(tpu_slice),
+        )
+
     def learner_setup(self, num_chips: int, sync: str) -> LearnerSetup:
         config = self.config
         return LearnerSetup(
@@ -155,6 +170,44 @@ def _check_checkpoints(config: TrainConfig, checkpoint_dir: str, identity: dict)
     return meta
 
 
+def auto_rollout_actors(chips_per_host: int, cpus_per_chip: int, *, vectorised: bool,
+                        machine_cpus: int | None = None) -> int:
+    """Rollout actors per host when the config leaves the count to the workbench.
+
+    An env with a vectorised implementation steps every chip's envs in one array call, so
+    one actor per host, with one policy forward per step for all its chips, is fastest.
+    One stepped env by env in Python is bound by one CPU per actor, so it gets as many
+    actors as the reservation has CPUs for beside the learners: one per chip whose bundle
+    has a CPU to spare (an actor sits in the bundle of the first chip it feeds), at most
+    ``machine_cpus`` per host (the cores a simulated slice's hosts really share), and
+    always a divisor of the host's chips (each actor feeds an equal share).
+    """
+    if vectorised or cpus_per_chip < 2:
+        return 1
+    limit = chips_per_host if machine_cpus is None else min(chips_per_host, machine_cpus)
+    return max(n for n in range(1, chips_per_host + 1)
+               if chips_per_host % n == 0 and n <= max(1, limit))
+
+
+def steps_vectorised(env_ref, wrappers: tuple) -> bool:
+    """Whether rollout actors step ``env_ref`` through its own vectorised implementation
+    (as :func:`workbench.learn.rollout.make_vector_env` does when no wrapper is asked for)."""
+    return not wrappers and getattr(env_ref, "vector_entry_point", None) is not None
+
+
+def _machine_cpus(tpu_slice) -> int | None:
+    """Cores left to each host's rollout actors when the slice's hosts all run on this
+    machine (a simulated slice): its cores less one per chip's learner, split over the
+    hosts. None on a cluster elsewhere, whose hosts' CPUs are the reservation's."""
+    from workbench.tpu.cluster import connection
+
+    current = connection()
+    if current is None or not current.on_this_machine:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, ((cores or 1) - tpu_slice.num_chips) // tpu_slice.num_hosts)
+
+
 def slice_record(tpu_slice) -> dict:
     shape = tpu_slice.shape
     return {"generation": shape.generation.name, "topology": shape.topology,
@@ -182,7 +235,7 @@ def check_slice(plan: RunPlan, tpu_slice) -> None:
     if not plan.host_rollouts:
         return
     chips_per_host = tpu_slice.shape.chips_per_host
-    if chips_per_host % config.rollout_actors_per_host:
+    if config.rollout_actors_per_host and chips_per_host % config.rollout_actors_per_host:
         raise ConfigError(
             "rollout_actors_per_host",
             f"={config.rollout_actors_per_host} does not divide the {chips_per_host} chips "

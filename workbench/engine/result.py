@@ -55,6 +55,9 @@ class TrainResult:
     """Env steps learned before a loss and lost with it (after the last checkpoint)."""
     recovery_s: float = 0.0
     """Seconds spent getting an intact slice back after losses."""
+    rollout_actors_per_host: int = 0
+    """Rollout actors each host ran (actors mode; 0 in Anakin mode): the config's count, or
+    the one chosen from the hosts' CPUs."""
     rollout_actors_replaced: int = 0
     """Rollout actors that died and were replaced (their batch in flight was lost)."""
     helpers_replaced: int = 0

@@ -116,14 +116,16 @@ def start_learners(tpu_slice, distributed_timeout_s: float = 120.0) -> None:
 
     group = start_group(tpu_slice, 0, distributed_timeout_s)
     # A run with the defaults is what the learners warm up on (see warm_up).
-    default_agent = plan_run(TrainConfig()).agent(tpu_slice.num_chips)
+    default = plan_run(TrainConfig())
+    default_agent = default.agent(tpu_slice.num_chips)
     for learner, joined in zip(group.learners, group.join_refs, strict=True):
         learner.warm_up.remote(default_agent, joined)
     if tpu_slice.cpus_per_chip >= 2:
         # Room beside each learner for a rollout actor: started empty, laid out as a run
         # with the default actors per host and policy lag asks.
         layout = rollout_layout(tpu_slice, attempt_prefix(tpu_slice, 0),
-                                TrainConfig.rollout_actors_per_host, TrainConfig.policy_lag)
+                                default.rollout_actors_per_host(tpu_slice),
+                                TrainConfig.policy_lag)
         group.hold_rollouts(start_keeper(tpu_slice, layout), layout)
     _keep(tpu_slice, group)
 

@@ -45,6 +45,12 @@ class Connection:
     node_ip: str | None
     simulated: bool
 
+    @property
+    def on_this_machine(self) -> bool:
+        """Whether the cluster's address is loopback: then all of its nodes (a simulated
+        cluster's hosts too) share this machine's cores."""
+        return self.simulated or _is_loopback(_split_address(self.address)[0])
+
 
 _connection: Connection | None = None
 
