@@ -109,6 +109,51 @@ def test_a_stopped_sweep_ends_after_its_current_update_and_each_trial_is_tracked
         assert tracked.info.status == "FINISHED"
 
 
+def _suspend_chip_1(stopped: list):
+    """A sweep callback that, at the first row of update 2, suspends chip 1's process
+    (SIGSTOP: alive, holding its chip, answering nothing) and notes its pid and when."""
+    import time
+
+    import psutil
+
+    def hang_chip_1(trial: int, row: dict) -> None:
+        if row["update"] >= 2 and not stopped:
+            (pid,) = [a["Pid"] for a in live_actor_records().values()
+                      if a.get("Name", "").endswith(":sweep-1")]
+            psutil.Process(pid).suspend()
+            stopped[:] = [pid, time.monotonic()]
+
+    return hang_chip_1
+
+
+def test_a_chip_that_stops_answering_has_its_program_run_again(two_by_two, tmp_path):
+    before = set(live_actors())
+    config = TrainConfig(**CATCH, total_env_steps=40 * 8 * 16, progress_timeout_s=5,
+                         run_dir=str(tmp_path / "s"))
+    stopped: list = []
+    first_rows: dict[int, list[dict]] = {}
+    hang = _suspend_chip_1(stopped)
+
+    def watch(trial: int, row: dict) -> None:
+        hang(trial, row)
+        first_rows.setdefault(trial, []).append(row)
+
+    result = sweep(two_by_two, config, seeds=4, on_update=watch)
+    assert stopped and result.restarts == 1
+    assert all(t["updates"] == 40 and t["final_return"] is not None for t in result.trials)
+    # The program ran again from its start with the same seeds: the rows a trial of
+    # another chip sent in the first attempt are exactly its rows in the result.
+    compared = 0
+    for trial in result.trials:
+        sent = first_rows[trial["trial"]][:40]
+        if [r["update"] for r in sent] == list(range(1, 41)):
+            compared += 1
+            assert [(r["env_steps"], r["loss"]) for r in sent] == \
+                [(r["env_steps"], r["loss"]) for r in trial["curve"]]
+    assert compared >= 2  # the trials of the chips that kept answering
+    assert set(live_actors()) <= before
+
+
 def test_a_chip_that_stops_answering_fails_the_sweep_instead_of_hanging_it(two_by_two,
                                                                          tmp_path):
     import time
@@ -119,20 +164,13 @@ def test_a_chip_that_stops_answering_fails_the_sweep_instead_of_hanging_it(two_b
 
     before = set(live_actors())
     config = TrainConfig(**CATCH, total_env_steps=400 * 8 * 16, progress_timeout_s=5,
-                         run_dir=str(tmp_path / "s"))
-    stopped: list[float] = []
-
-    def hang_chip_1(trial: int, row: dict) -> None:
-        if row["update"] >= 2 and not stopped:
-            (pid,) = [a["Pid"] for a in live_actor_records().values()
-                      if a.get("Name", "").endswith(":sweep-1")]
-            psutil.Process(pid).suspend()  # SIGSTOP: alive, holding its chip, answering nothing
-            stopped[:] = [pid, time.monotonic()]
+                         max_restarts=0, run_dir=str(tmp_path / "s"))
+    stopped: list = []
 
     # Whichever comes first ends it: the other chips' progress stops (progress_timeout_s),
     # or jax.distributed takes them down when the stopped chip misses its heartbeats.
     with pytest.raises(SweepFailed, match="chip"):
-        sweep(two_by_two, config, seeds=4, on_update=hang_chip_1)
+        sweep(two_by_two, config, seeds=4, on_update=_suspend_chip_1(stopped))
     assert time.monotonic() - stopped[1] < 60
     # Every chip's actor was stopped; the suspended one's process goes once Ray's kill
     # reaches it (a stopped process cannot exit by itself).
@@ -355,3 +393,19 @@ def test_workbench_serve_answers_over_http_and_stops_cleanly_on_sigterm(trained_
             process.kill()
     gone, alive = psutil.wait_procs(started, timeout=15)
     assert alive == [], [p.pid for p in alive]
+
+
+def test_the_sweep_dashboard_draws_a_program_run_again_from_its_start():
+    from workbench.ui.sweep_dashboard import SweepDashboard
+
+    board = SweepDashboard(4, [{"config": 0, "label": "default"}],
+                           [{"trial": 0, "config": 0, "seed": 0}], redraw_s=1e9)
+
+    def row(update: int) -> dict:
+        return {"update": update, "env_steps": 128 * update, "mean_return_100": 0.1 * update}
+
+    for update in (1, 2, 3):
+        board.update(0, row(update))
+    board.update(0, row(1))  # the program failed and runs again
+    assert [r["update"] for r in board.trials[0]["curve"]] == [1]
+    assert board.progress.value == pytest.approx(1 / 4)

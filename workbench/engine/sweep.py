@@ -79,6 +79,8 @@ class SweepResult:
     env_steps_per_s: float
     run_dir: str | None = None
     stopped: bool = False
+    restarts: int = 0
+    """Programs run again from their start after a chip failed or stopped answering."""
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -233,6 +235,11 @@ class _Curves:
                               record["steps"], record["returns"], record["step_s"],
                               record["metrics"]))
         return log_.rows[closed:]
+
+    def forget(self, trial: int) -> None:
+        """Drop a trial's log: its program runs again from the start."""
+        self.logs.pop(trial, None)
+        self.loop_start.pop(trial, None)
 
 
 def sweep(tpu_slice, config: TrainConfig | None = None, *,
@@ -394,6 +401,7 @@ class _SweepRun:
         self.startup_s = 0.0
         self.wall_s = 0.0
         self.stopped = False
+        self.restarts = 0
         self.trackers: dict[int, Any] = {}
 
     def run(self) -> SweepResult:
@@ -405,7 +413,7 @@ class _SweepRun:
                 for group in self.plan.groups:
                     if self.stopped:
                         break
-                    self._run_program(group)
+                    self._run_program_until_done(group)
             else:
                 for trial in self.plan.trials:
                     if self.stopped:
@@ -449,6 +457,25 @@ class _SweepRun:
         return self.should_stop is not None and bool(self.should_stop())
 
     # ---- Anakin: one program per group ----------------------------------------------------
+
+    def _run_program_until_done(self, group: ProgramGroup) -> None:
+        """Run ``group``'s program; after a chip failed or stopped answering, run it again
+        from its start on fresh actors, up to the config's ``max_restarts`` times in the
+        whole sweep. A program keeps no checkpoint, and its trials are short and seeded:
+        run again, each trial's curve is the one it would have had."""
+        limit = group.trials[0].point.config.max_restarts
+        while True:
+            try:
+                self._run_program(group)
+                return
+            except SweepFailed as error:
+                if self.restarts >= limit or self.stopped:
+                    raise
+                self.restarts += 1
+                log.warning("%s Running its %d trials again from the start (restart %d of "
+                            "at most %d).", error, len(group.trials), self.restarts, limit)
+                for trial in group.trials:
+                    self.curves.forget(trial.index)
 
     def _run_program(self, group: ProgramGroup) -> None:
         import ray
@@ -619,7 +646,7 @@ class _SweepRun:
             startup_s=round(self.startup_s, 3), wall_s=round(self.wall_s, 3),
             env_steps=env_steps,
             env_steps_per_s=round(env_steps / self.wall_s, 1) if self.wall_s else 0.0,
-            run_dir=plan.run_dir, stopped=self.stopped,
+            run_dir=plan.run_dir, stopped=self.stopped, restarts=self.restarts,
         )
         write_json(f"{plan.run_dir}/sweep.json", result.to_json())
         return result

@@ -69,7 +69,9 @@ class SweepDashboard(StopControls, widgets.VBox):
 
     def update(self, trial: int, row: dict) -> None:
         """Show one update of one trial (the sweep's ``on_update``)."""
-        self.trials[trial]["curve"].append(row)
+        curve = self.trials[trial]["curve"]
+        del curve[row["update"] - 1:]  # a program run again sends its trials' updates anew
+        curve.append(row)
         done = sum(len(t["curve"]) for t in self.trials.values())
         self.progress.value = min(1.0, done / (self.total_updates * len(self.trials)))
         recent = [t["curve"][-1].get("mean_return_100") for t in self.trials.values()
