@@ -9,9 +9,13 @@ each, different seeds so no run can reuse another's result):
   process per chip, imports JAX in it, joins ``jax.distributed``, sets up and compiles
   (the compiled update comes from the disk cache after the first run).
 - ``warm``: a slice reserved with ``keep_learners=True``; its learners are started in the
-  background right after the reservation (``wb.start_learners``, as the slice picker
-  does), then, after a pause standing for a notebook user writing the next cell, the runs
-  follow one another on it, each taking the learners the run before it kept.
+  background right after the reservation and warmed for the run's config
+  (``wb.start_learners(tpu_slice, config)``, as the slice picker given the config does),
+  then, after a pause standing for a notebook user writing the next cell, the runs follow
+  one another on it, each taking the learners the run before it kept.
+- ``warm_for_another_config``: the same, but warmed for the default config, and one run:
+  a first run that its warm-up did not know (it still finds its processes up, joined and
+  JAX warm, but traces and lowers its own programs).
 
 For each run: ``startup_s`` (the call to the first update), its profile (seconds until the
 learners had joined, were set up, and had compiled) and whether the learners were warm;
@@ -65,9 +69,13 @@ def main() -> None:
         with wb.reserve("v6e", "2x2", cpus_per_chip=2, keep_learners=False) as tpu_slice:
             fresh = side(runs_on(tpu_slice, args.runs, 100))
         with wb.reserve("v6e", "2x2", cpus_per_chip=2, keep_learners=True) as tpu_slice:
-            wb.start_learners(tpu_slice)
+            wb.start_learners(tpu_slice, wb.TrainConfig(**RUN))
             time.sleep(args.pause_s)
             warm = side(runs_on(tpu_slice, args.runs, 200))
+        with wb.reserve("v6e", "2x2", cpus_per_chip=2, keep_learners=True) as tpu_slice:
+            wb.start_learners(tpu_slice)
+            time.sleep(args.pause_s)
+            other = runs_on(tpu_slice, 1, 300)[0]
     print(json.dumps({
         "benchmark": "startup",
         "shape": "v6e 2x2 (simulated)",
@@ -76,6 +84,7 @@ def main() -> None:
         "cluster_start_s": round(cluster_s, 3),
         "fresh": fresh,
         "warm": warm,
+        "warm_for_another_config": other,
         "ratio_warm_over_fresh": {
             "first_startup_s": round(warm["first_startup_s"] / fresh["first_startup_s"], 3),
             "median_later_startup_s": round(

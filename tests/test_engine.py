@@ -88,6 +88,26 @@ def test_the_final_checkpoint_holds_the_final_state(first_run):
     assert _digest(saved.state) == result.chip_state_digests[0]
 
 
+def test_learners_warmed_for_a_run_at_reservation_train_it_as_new_ones_would(first_run,
+                                                                              two_by_two):
+    result, _ = first_run
+    # Another free 2x2 of the session cluster (two_by_two holds one).
+    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
+        before = set(live_actors())
+        # A config that cannot work on the slice is refused before anything starts.
+        with pytest.raises(ValueError, match="rollout_actors_per_host=3 does not divide"):
+            wb.start_learners(tpu_slice, TrainConfig(rollout_actors_per_host=3))
+        assert set(live_actors()) == before
+        # Warmed for the run's config with another seed: the learners set up and compile
+        # it, the rollout actors make its envs and policy; the run takes all of them.
+        wb.start_learners(tpu_slice, TrainConfig(seed=99, **SMALL))
+        warmed = train(tpu_slice, TrainConfig(seed=7, **SMALL))
+    assert warmed.startup_profile["warm"] and warmed.startup_profile["rollouts_warm"]
+    # Nothing of the warm-up leaks into the run: the first run's learning, on new processes.
+    assert warmed.chip_state_digests == result.chip_state_digests
+    assert [r["loss"] for r in warmed.curve] == [r["loss"] for r in result.curve]
+
+
 def test_same_seed_same_curve_and_resume_continues_exactly(first_run, two_by_two, tmp_path):
     result, directory = first_run
     # Resuming a finished run loads its state and has nothing left to do: the chips must

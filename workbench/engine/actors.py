@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from workbench.engine.config import TrainConfig
 from workbench.engine.metrics import UpdateRecord
 from workbench.learn.heap import release_freed_memory
-from workbench.learn.learner import AgentSpec, LearnerSetup
+from workbench.learn.learner import LearnerSetup
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,9 @@ class ChipLearnerActor:
         self._recent: deque[UpdateRecord] = deque(maxlen=RECORDS_KEPT)
         """This chip's latest records, sent again to a board that replaces a lost one."""
         self._records_lock = threading.Lock()
+        self._setting_up = threading.Lock()
+        """Held by a warm-up and by a run's set-up: a run that comes during the warm-up
+        sets up after it, not beside it in the actor's second thread."""
 
     def coordinator_address(self) -> str:
         import ray
@@ -73,16 +76,24 @@ class ChipLearnerActor:
         own = ray.util.get_node_ip_address() if platform == "cpu" else None
         return join_distributed(coordinator, self.num_chips, self.rank, timeout_s, own)
 
-    def warm_up(self, agent: AgentSpec, joined: float | None = None) -> None:
-        """Build ``agent`` and trace its initialisation once, on this process alone, and
-        keep nothing. A process's first trace pays for JAX's own set-up (its devices, the
-        eager ops that split keys, tracing's caches), which the first run's set-up then
-        skips. ``joined``: the join's result, so that Ray runs this after the join."""
-        import jax
+    def warm_up(self, plan, joined: float | None = None) -> None:
+        """Set up and compile the learner of a run with ``plan`` (the defaults) as a run
+        would, on every chip together, and keep only its programs. A process's first set-up
+        pays for JAX's own (its devices, tracing's and lowering's caches, the compile
+        cache's first read), which the first run then skips whatever its config; a run of
+        the same config but its seed also skips tracing its programs (see
+        ``ChipLearner._lowered``). ``joined``: the join's result, so that Ray runs this
+        after the join."""
+        from workbench.learn import sync as sync_strategies
+        from workbench.learn.modes import learner_class
+        from workbench.learn.platform import current_platform
 
-        from workbench.learn import keys as run_keys
-
-        jax.jit(agent.build().init).lower(run_keys.run_keys(0).params)
+        with self._setting_up:
+            sync = sync_strategies.resolve(plan.config.sync, current_platform())
+            setup = plan.learner_setup(self.num_chips, sync)
+            # No source: a warm-up asks for no batch.
+            learner_class(plan.config.mode)(setup, None).compile()
+        release_freed_memory()
 
     def setup(self, config: TrainConfig, setup: LearnerSetup, mode: str, feed: tuple | None,
               board, checkpoints: Checkpoints) -> dict:
@@ -91,6 +102,11 @@ class ChipLearnerActor:
         Returns what the driver needs of the resume: the update and env steps it continues
         from, whether the environments were restored exactly, and (rank 0) the rolling
         window of returns the checkpoint recorded."""
+        with self._setting_up:
+            return self._setup(config, setup, mode, feed, board, checkpoints)
+
+    def _setup(self, config: TrainConfig, setup: LearnerSetup, mode: str, feed: tuple | None,
+               board, checkpoints: Checkpoints) -> dict:
         import jax
 
         from workbench.engine.checkpoint import restore

@@ -12,7 +12,7 @@ from workbench.engine.chip_group import attempt_prefix
 from workbench.engine.cluster_state import wait_until_dead
 from workbench.engine.plan import RunPlan
 from workbench.engine.restarts import ChipLost
-from workbench.engine.rollouts import rollout_layout, start_keeper
+from workbench.engine.rollouts import rollout_layout, rollout_runs, start_keeper
 from workbench.engine.warm import LearnerGroup, keep, start_group, take
 from workbench.learn import sync as sync_strategies
 
@@ -91,10 +91,7 @@ class Attempt:
             return [None] * tpu_slice.num_chips
         layout = rollout_layout(tpu_slice, self.prefix, plan.rollout_actors_per_host(tpu_slice),
                                 config.policy_lag)
-        agent = plan.agent(tpu_slice.num_chips)
-        runs = [(plan.env_ref, config.envs_per_chip, layout.share, config.rollout_length,
-                 agent, config.seed, index, config.policy_lag, config.wrappers)
-                for index in range(len(layout.options))]
+        runs = rollout_runs(plan, layout, tpu_slice.num_chips)
         self.keeper = self.group.rollouts_for(layout)
         self.rollouts_warm = self.keeper is not None
         if self.rollouts_warm:

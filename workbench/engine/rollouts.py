@@ -61,6 +61,16 @@ def rollout_layout(tpu_slice, prefix: str, per_host: int, policy_lag: int) -> Ro
     return RolloutLayout(options, fed_by, share, (per_host, policy_lag), f"{prefix}:rollouts")
 
 
+def rollout_runs(plan, layout: RolloutLayout, num_chips: int) -> list[tuple]:
+    """Each rollout actor's part of a run of ``plan`` (a
+    :class:`~workbench.engine.plan.RunPlan`): the :meth:`SharedRollout.setup` arguments."""
+    config = plan.config
+    agent = plan.agent(num_chips)
+    return [(plan.env_ref, config.envs_per_chip, layout.share, config.rollout_length, agent,
+             config.seed, index, config.policy_lag, config.wrappers)
+            for index in range(len(layout.options))]
+
+
 def start_keeper(tpu_slice, layout: RolloutLayout, runs: list[tuple] | None = None):
     """A :class:`RolloutKeeper` for ``layout`` (on rank 0's bundle, no CPU of its own),
     its actors given ``runs`` or, without, started empty for a later run."""

@@ -26,7 +26,13 @@ from workbench.engine.chip_group import (
     wait_for_joins,
 )
 from workbench.engine.config import TrainConfig
-from workbench.engine.rollouts import RolloutLayout, rollout_layout, start_keeper, stop_keepers
+from workbench.engine.rollouts import (
+    RolloutLayout,
+    rollout_layout,
+    rollout_runs,
+    start_keeper,
+    stop_keepers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -97,36 +103,43 @@ def start_group(tpu_slice, attempt: int, distributed_timeout_s: float) -> Learne
 _kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def start_learners(tpu_slice, distributed_timeout_s: float = 120.0) -> None:
+def start_learners(tpu_slice, config: TrainConfig | None = None,
+                   distributed_timeout_s: float = 120.0) -> None:
     """Start ``tpu_slice``'s learners now, in the background, for its next run.
 
     Use it right after reserving (the notebook's slice picker does, on the simulated
     cluster): the learners start, import JAX and join while the next cell is written, and
-    that cell's :func:`~workbench.train` skips all of it. The learners hold each chip's
-    ``TPU`` resource while idle; :meth:`~workbench.Slice.release` stops them.
+    that cell's :func:`~workbench.train` skips all of it. They also set up and compile
+    the learner of a run of ``config`` (the defaults when None), and the rollout actors
+    set up its envs and policy, so a run of that config (any seed) also skips tracing
+    its programs; any other run still finds JAX warm in them. The learners hold each
+    chip's ``TPU`` resource while idle; :meth:`~workbench.Slice.release` stops them.
 
     Raises:
-        ValueError: the slice is released.
+        ValueError: the slice is released, or ``config`` cannot work (nothing started).
     """
     if tpu_slice.released:
         raise ValueError("This slice has been released; reserve a new one first.")
     if tpu_slice in _kept:
         return
-    from workbench.engine.plan import plan_run
+    from workbench.engine.plan import check_slice, plan_run
 
+    # Only the run's programs matter here: no folder of its own is checked or written.
+    plan = plan_run((config or TrainConfig()).replace(run_dir="", checkpoint_dir="",
+                                                      resume=False))
+    # Rollout actors go where each chip's bundle has a CPU beside its learner.
+    rollouts = plan.host_rollouts and tpu_slice.cpus_per_chip >= 2
+    if rollouts:
+        check_slice(plan, tpu_slice)
     group = start_group(tpu_slice, 0, distributed_timeout_s)
-    # A run with the defaults is what the learners warm up on (see warm_up).
-    default = plan_run(TrainConfig())
-    default_agent = default.agent(tpu_slice.num_chips)
     for learner, joined in zip(group.learners, group.join_refs, strict=True):
-        learner.warm_up.remote(default_agent, joined)
-    if tpu_slice.cpus_per_chip >= 2:
-        # Room beside each learner for a rollout actor: started empty, laid out as a run
-        # with the default actors per host and policy lag asks.
+        learner.warm_up.remote(plan, joined)
+    if rollouts:
         layout = rollout_layout(tpu_slice, attempt_prefix(tpu_slice, 0),
-                                default.rollout_actors_per_host(tpu_slice),
-                                TrainConfig.policy_lag)
-        group.hold_rollouts(start_keeper(tpu_slice, layout), layout)
+                                plan.rollout_actors_per_host(tpu_slice),
+                                plan.config.policy_lag)
+        keeper = start_keeper(tpu_slice, layout, rollout_runs(plan, layout, tpu_slice.num_chips))
+        group.hold_rollouts(keeper, layout)
     _keep(tpu_slice, group)
 
 

@@ -7,8 +7,10 @@ jitted on the CPU; the worker never touches a TPU and knows no algorithm by name
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import pickle
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 import gymnasium as gym
@@ -16,6 +18,7 @@ import numpy as np
 
 from workbench.algos.base import CONTINUOUS, DISCRETE, Spaces, Trajectory
 from workbench.learn import keys as run_keys
+from workbench.learn.compile_cache import kept_in_memory
 from workbench.learn.heap import release_freed_memory
 
 log = logging.getLogger(__name__)
@@ -24,6 +27,38 @@ log = logging.getLogger(__name__)
 EnvRef = str | gym.envs.registration.EnvSpec
 """A gymnasium id, or the spec itself: what reaches a rollout actor, so that an env the
 user registered (in a notebook, or with keyword arguments) needs no registration there."""
+
+
+ACTING_KEPT = 4
+"""Acting programs a rollout process keeps: an actor kept between runs (or warmed for a
+run at reservation) skips tracing and compiling its policy again for the same agent."""
+_acting_programs: OrderedDict = OrderedDict()
+
+
+def _acting_program(spec, agent, obs: np.ndarray):
+    """``(policy shapes, packer, act)`` for acting with ``agent`` (built from ``spec``) on
+    a batch shaped as ``obs``; ``act(policy, obs, key) -> (key, packed)`` is jitted. Kept
+    per process by the spec and the batch's shape: a spec that cannot be pickled here (an
+    algorithm defined in a notebook) gets a fresh one."""
+    import jax
+
+    def make():
+        state = jax.eval_shape(agent.init, jax.random.PRNGKey(0))
+        shapes = jax.eval_shape(agent.policy, state)
+        packer = _Packer(jax.eval_shape(agent.act, shapes, obs, jax.random.PRNGKey(0)))
+        act = agent.act
+
+        def act_packed(policy, batch, key):
+            key, sample_key = jax.random.split(key)
+            return key, packer.pack(act(policy, batch, sample_key))
+
+        return shapes, packer, jax.jit(act_packed)
+
+    try:
+        key = hashlib.sha256(pickle.dumps((spec, obs.shape, obs.dtype.str))).digest()
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return make()
+    return kept_in_memory(_acting_programs, key, make, ACTING_KEPT)
 
 
 def wrapper_of(wrapper) -> type:
@@ -211,16 +246,8 @@ class RolloutWorker:
         self.agent = agent.build()
         self._obs, _ = self.env.reset(seed=env_seed)
         self._obs = np.asarray(self._obs, np.float32)
-        example = jax.eval_shape(self.agent.act, self._policy_shapes(),
-                                 self._obs, jax.random.PRNGKey(0))
-        self._packer = _Packer(example)
-        act = self.agent.act
-
-        def act_packed(policy, obs, key):
-            key, sample_key = jax.random.split(key)
-            return key, self._packer.pack(act(policy, obs, sample_key))
-
-        self._act = jax.jit(act_packed)
+        self._policy_shapes, self._packer, self._act = _acting_program(agent, self.agent,
+                                                                       self._obs)
         self._done = np.zeros(num_envs, dtype=bool)
         self._episode_return = np.zeros(num_envs)
         self._episode_length = np.zeros(num_envs, dtype=np.int64)
@@ -229,17 +256,11 @@ class RolloutWorker:
         self._keep_snapshots = keep_snapshots
         self._unpicklable_warned = False
 
-    def _policy_shapes(self):
-        import jax
-
-        state = jax.eval_shape(self.agent.init, jax.random.PRNGKey(0))
-        return jax.eval_shape(self.agent.policy, state)
-
     def prepare(self) -> None:
         """Compile acting now (on a policy of zeros), not in the first rollout."""
         import jax
 
-        zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), self._policy_shapes())
+        zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), self._policy_shapes)
         self._act(zeros, self._obs, self._key)
         self._compiled = True
         release_freed_memory()

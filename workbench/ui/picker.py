@@ -15,6 +15,7 @@ import time
 
 import ipywidgets as widgets
 
+from workbench.engine.config import TrainConfig
 from workbench.engine.warm import start_learners
 from workbench.tpu.catalog import (
     CatalogError,
@@ -59,6 +60,7 @@ class SlicePicker(widgets.VBox):
         *,
         timeout_s: float = 60.0,
         cpus_per_chip: float = 2.0,
+        config: TrainConfig | None = None,
     ) -> None:
         """Build the picker.
 
@@ -67,6 +69,10 @@ class SlicePicker(widgets.VBox):
             topology: initial topology, valid for that generation.
             timeout_s: how long Reserve waits for a free slice.
             cpus_per_chip: host CPUs reserved with each chip (training needs 2).
+            config: the run the next cells train. Where Reserve starts the slice's
+                learners in the background (the simulated cluster), they and the rollout
+                actors set up and compile this run (the defaults when None), so that its
+                first update comes in seconds.
 
         Raises:
             CatalogError: the initial generation or topology is not in the catalog.
@@ -74,6 +80,7 @@ class SlicePicker(widgets.VBox):
         shape = parse_shape(generation, topology)
         self.timeout_s = timeout_s
         self.cpus_per_chip = cpus_per_chip
+        self.config = config
         self._slice: Slice | None = None
         self._lock = threading.Lock()
         self._busy = False
@@ -218,7 +225,11 @@ class SlicePicker(widgets.VBox):
             warming = ""
             if held.keep_learners:
                 # The next cell's training then finds its learners started and joined.
-                start_learners(held)
+                try:
+                    start_learners(held, self.config)
+                except BaseException:
+                    held.release()  # a config that cannot work leaves nothing held
+                    raise
                 warming = " Its learners are starting in the background."
             self._set_status(
                 "ok",
