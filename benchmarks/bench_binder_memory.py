@@ -172,13 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--total-env-steps", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--interval-s", type=float, default=0.5)
+    parser.add_argument("--topology", default="1x1",
+                        help="the quickstart's v6e topology (1x1, as on Binder; 2x2: four "
+                             "learner processes)")
     args = parser.parse_args(argv)
     if args.total_env_steps <= 0 or args.interval_s <= 0:
         parser.error("--total-env-steps and --interval-s must be positive")
     OUT.mkdir(parents=True, exist_ok=True)
     quickstart = measure(
         QUICKSTART, OUT / "01_quickstart.ipynb",
-        {"total_env_steps": args.total_env_steps, "seed": args.seed, "min_final_return": 0.0},
+        {"total_env_steps": args.total_env_steps, "seed": args.seed, "min_final_return": 0.0,
+         "topology": args.topology},
         args.interval_s,
     )
     with tempfile.TemporaryDirectory(prefix="wb-peer-") as directory:
@@ -189,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     over = quickstart["peak_pss_mib"] * MIB - LIMIT_BYTES
     print(json.dumps({
+        "topology": f"v6e {args.topology}",
         "quickstart": quickstart,
         "peer_single_process": peer,
         "pss_ratio_quickstart_vs_peer": round(quickstart["peak_pss_mib"] / peer["peak_pss_mib"],
