@@ -220,6 +220,13 @@ def test_picker_reserves_shows_contention_and_releases(cluster):
     first.release_button.click()
     assert first.slice is None and "Released" in first.status.value
     _wait_until(lambda: second.refresh() == 1)
+    # A picker given a run that cannot work on the slice says so, and holds nothing.
+    third = ui.SlicePicker("v6e", "2x4", timeout_s=30,
+                           config=TrainConfig(rollout_actors_per_host=3))
+    with pytest.raises(ValueError, match="rollout_actors_per_host=3 does not divide"):
+        third.reserve()
+    assert third.slice is None and "does not divide the 8 chips" in third.status.value
+    _wait_until(lambda: second.refresh() == 1)
     # The `cluster` fixture then checks that no placement group is left.
 
 
