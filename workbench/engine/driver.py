@@ -270,14 +270,25 @@ class _Run:
 
     # ---- step 4: the result -------------------------------------------------------------
 
+    def _final_evaluation(self, params) -> list:
+        """The final policy's greedy episodes, on a new evaluator if the one the run had was
+        lost after the last periodic evaluation that would have noticed."""
+        import ray
+
+        try:
+            return ray.get(self.evaluator.evaluate.remote(params, self.plan.config.eval_episodes))
+        except ray.exceptions.RayActorError:
+            log.warning("the evaluator was lost; starting a new one for the final evaluation")
+            self._replace_evaluator()
+            return ray.get(self.evaluator.evaluate.remote(params, self.plan.config.eval_episodes))
+
     def assemble_result(self) -> TrainResult:
         import ray
 
         attempt, config, tpu_slice = self.attempt, self.plan.config, self.slice
         outcomes = ray.get(attempt.runs)
         digests = [outcome["digest"] for outcome in outcomes]
-        final = ray.get(self.evaluator.evaluate.remote(outcomes[0]["params"],
-                                                       config.eval_episodes))
+        final = self._final_evaluation(outcomes[0]["params"])
         # Every chip's pushes were sent before its train() returned; read the history.
         summary = ray.get(self.board.snapshot.remote(0, True))
         rows = summary["updates"]
