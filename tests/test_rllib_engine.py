@@ -80,7 +80,7 @@ def test_sigterm_to_the_cli_keeps_a_checkpoint_the_next_command_resumes_from(sim
     run_dir = tmp_path / "evicted"
     command = [WORKBENCH, "train", "--engine", "rllib", "--algo", "PPO", "--env",
                "CartPole-v1", "--set", "lr=0.0003", "--set", "num_epochs=6",
-               "--set", "num_env_runners=2", "--learners", "1", "--checkpoint-every", "2",
+               "--set", "num_env_runners=1", "--learners", "1", "--checkpoint-every", "2",
                "--run-dir", str(run_dir), "--address", sim_cluster.address]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     process, lines = start_until_progress([*command, "--total-env-steps", "400000"], env)
