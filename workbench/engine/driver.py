@@ -275,12 +275,13 @@ class _Run:
         lost after the last periodic evaluation that would have noticed."""
         import ray
 
+        episodes = self.plan.config.eval_episodes
         try:
-            return ray.get(self.evaluator.evaluate.remote(params, self.plan.config.eval_episodes))
+            return ray.get(self.evaluator.evaluate.remote(params, episodes))
         except ray.exceptions.RayActorError:
             log.warning("the evaluator was lost; starting a new one for the final evaluation")
             self._replace_evaluator()
-            return ray.get(self.evaluator.evaluate.remote(params, self.plan.config.eval_episodes))
+        return ray.get(self.evaluator.evaluate.remote(params, episodes))
 
     def assemble_result(self) -> TrainResult:
         import ray
