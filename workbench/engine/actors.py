@@ -212,7 +212,9 @@ class ChipLearnerActor:
                     last_saved = self._save(update + 1, resume)
                     last_saved_at = time.monotonic()
             if self.rank == 0 and config.eval_every and (update + 1) % config.eval_every == 0:
-                self.board.evaluate.remote(ray.put(learner.policy_numpy()), update + 1,
+                # NOTE: inside a list Ray hands the board the reference, not the arrays,
+                # so the board passes it on without importing JAX to read them (~55 MiB).
+                self.board.evaluate.remote([ray.put(learner.policy_numpy())], update + 1,
                                            self.env_steps)
             if outcome.stop:
                 break
