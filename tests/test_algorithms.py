@@ -102,6 +102,30 @@ def test_running_statistics_fold_batches_exactly():
     np.testing.assert_allclose(stats.var, data.var(0), rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("algo", ["ppo", "impala", "pqn"])
+def test_a_trained_policy_reads_back_in_a_process_without_jax(algo):
+    """What a run hands its notebook (its final policy, on the host) unpickles without
+    importing JAX, so the kernel stays as light as a plain Ray driver."""
+    import pickle
+    import subprocess
+    import sys
+
+    import jax
+
+    from workbench.engine import TrainConfig
+    from workbench.engine.plan import plan_run
+    from workbench.learn.learner import to_numpy
+
+    agent = plan_run(TrainConfig(env="CartPole-v1", algo=algo)).agent(1).build()
+    policy = pickle.dumps(to_numpy(agent.policy(agent.init(jax.random.key(0)))))
+    read_back = subprocess.run(
+        [sys.executable, "-c", "import pickle, sys; pickle.loads(sys.stdin.buffer.read()); "
+         "print(sorted(m for m in ('jax', 'jaxlib', 'flax', 'optax') if m in sys.modules))"],
+        input=policy, capture_output=True, timeout=60)
+    assert read_back.returncode == 0, read_back.stderr.decode()[-2000:]
+    assert read_back.stdout.decode().strip() == "[]"
+
+
 def test_the_picker_offers_rllib_as_an_engine_and_builds_its_config():
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.algorithms.sac import SACConfig
