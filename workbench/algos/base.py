@@ -60,6 +60,14 @@ class Spaces:
         return f"observations {self.obs_shape}, continuous actions {self.action_shape}"
 
 
+class RunningStats(NamedTuple):
+    """Count, mean and variance of what has been seen (see :mod:`workbench.algos.normalize`)."""
+
+    count: Any
+    mean: Any
+    var: Any
+
+
 class Trajectory(NamedTuple):
     """A time-major rollout ``[T, N, ...]`` of ``N`` envs with next-step autoreset.
 

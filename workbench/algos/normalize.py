@@ -3,30 +3,19 @@
 The statistics live in the learner state, so they are checkpointed with it, and every chip
 holds the same: a batch's moments are averaged over the chips that learn together (the
 :class:`~workbench.algos.base.ChipMean` the update is handed) before they are folded in.
-
-JAX is imported where it is used: a run's final policy holds :class:`RunningStats`, and a
-notebook's kernel that reads the policy back should not pay for JAX to unpickle a tuple.
+:class:`~workbench.algos.base.RunningStats` itself lives in the JAX-free protocol module:
+a policy holds it, and a kernel reading a run's policy back should not import JAX for it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+import jax
+import jax.numpy as jnp
 
-if TYPE_CHECKING:
-    import jax
-
-    from workbench.algos.base import ChipMean
-
-
-class RunningStats(NamedTuple):
-    count: jax.Array
-    mean: jax.Array
-    var: jax.Array
+from workbench.algos.base import ChipMean, RunningStats
 
 
 def init_stats(shape: tuple[int, ...]) -> RunningStats:
-    import jax.numpy as jnp
-
     return RunningStats(jnp.asarray(1e-4, jnp.float32), jnp.zeros(shape, jnp.float32),
                         jnp.ones(shape, jnp.float32))
 
@@ -35,8 +24,6 @@ def update_stats(stats: RunningStats, batch: jax.Array, chips: ChipMean,
                  mask: jax.Array | None = None) -> RunningStats:
     """``stats`` with the rows of ``batch`` ``[B, *shape]`` (where ``mask`` is true) of
     every chip folded in (Chan et al.'s parallel update of a mean and a variance)."""
-    import jax.numpy as jnp
-
     weights = jnp.ones(batch.shape[0], jnp.float32) if mask is None else mask.astype(jnp.float32)
     w = weights.reshape((-1,) + (1,) * (batch.ndim - 1))
     local_n = jnp.sum(weights)
@@ -54,8 +41,6 @@ def update_stats(stats: RunningStats, batch: jax.Array, chips: ChipMean,
 
 
 def normalize(stats: RunningStats, x: jax.Array, clip: float = 10.0) -> jax.Array:
-    import jax.numpy as jnp
-
     return jnp.clip((x - stats.mean) / jnp.sqrt(stats.var + 1e-8), -clip, clip)
 
 
@@ -63,9 +48,6 @@ def forward_returns(rewards: jax.Array, done: jax.Array, gamma: float) -> jax.Ar
     """Discounted returns accumulated forward through a rollout ``[T, N]`` from zero at
     its start, reset where an episode ended: what reward scaling takes the spread of
     (each rollout starts afresh, a close approximation for rollouts of tens of steps)."""
-    import jax
-    import jax.numpy as jnp
-
     def step(carry, inputs):
         reward, ended = inputs
         carry = carry * gamma + reward

@@ -229,14 +229,14 @@ class MetricsBoard:
             self.evaluator = evaluator
             self.evaluator_lost = False
 
-    def evaluate(self, params: list, update: int, env_steps: int) -> None:
-        """Start a greedy evaluation of ``params``: a one-item list holding the policy's
-        object reference, handed on to the evaluator unread."""
+    def evaluate(self, policy_ref: list, update: int, env_steps: int) -> None:
+        """Start a greedy evaluation of the policy whose object reference ``policy_ref``
+        holds (a one-item list, so that Ray hands it over unread)."""
         with self._changed:
             self._collect()
             if self.evaluator_lost:
                 return  # the driver is replacing it; this evaluation is skipped
-            ref = self.evaluator.evaluate.remote(params[0], self.eval_episodes)
+            ref = self.evaluator.evaluate.remote(policy_ref[0], self.eval_episodes)
             self.pending.append((ref, update, env_steps))
 
     def _collect(self, wait: bool = False) -> None:
