@@ -197,19 +197,18 @@ def test_a_killed_rollout_actor_is_replaced_and_the_run_reaches_its_target(share
     assert len(set(result.chip_state_digests)) == 1
 
 
-def test_a_lost_metrics_board_and_evaluator_are_replaced_and_the_curve_goes_on(shared_slice):
+def test_a_lost_metrics_board_is_replaced_and_the_curve_and_evaluations_go_on(shared_slice):
     config = TrainConfig(**{**ANAKIN_CARTPOLE, "eval_every": 4}, seed=0)
 
-    def lose_helpers(row: dict) -> None:
+    def lose_board(row: dict) -> None:
         ray.kill(ray.get_actor(f"{shared_slice.name}:board"))
-        ray.kill(ray.get_actor(f"{shared_slice.name}:evaluator"))
 
-    on_update, fired = _once(lose_helpers)
+    on_update, fired = _once(lose_board)
     result = train(shared_slice, config, on_update=on_update)
-    assert fired.is_set() and result.helpers_replaced >= 1 and result.restarts == 0
+    assert fired.is_set() and result.helpers_replaced == 1 and result.restarts == 0
     # The chips send their recent records again to the new board: no row is missing.
     assert [row["update"] for row in result.curve] == list(range(1, result.updates + 1))
-    # The training target was reached after the replacement, and the new evaluator scored
+    # The training target was reached after the replacement, and the new board scored
     # the final policy. Its greedy episodes, taken the moment the run reaches the target,
     # vary with when the evaluations ran (seen 274 to 500); a lost policy scores near 20.
     assert result.time_to_train_target_s is not None and result.final_return >= 200

@@ -1,8 +1,14 @@
-"""The metrics log's joining of per-chip records into one curve, across a restart."""
+"""The metrics log's joining of per-chip records into one curve, across a restart, and the
+board's greedy evaluations of the policies the chips send it."""
 
 from __future__ import annotations
 
-from workbench.engine.metrics import MetricsLog, UpdateRecord
+import numpy as np
+import pytest
+
+from workbench.engine import TrainConfig
+from workbench.engine.metrics import MetricsBoard, MetricsLog, UpdateRecord
+from workbench.engine.plan import plan_run
 
 
 def _record(update: int, rank: int, returns: list[float] | None = None) -> UpdateRecord:
@@ -71,3 +77,37 @@ def test_a_greedy_evaluation_of_a_lost_policy_is_forgotten_on_restart():
     snapshot = log.snapshot()
     assert [e["update"] for e in snapshot["evals"]] == [4]
     assert snapshot["eval_target_time"] is None
+
+
+def _board(env: str) -> tuple[MetricsBoard, dict]:
+    """A board (the plain class, as its actor runs it) evaluating CartPole's agent on
+    ``env``, and a policy of zeros for that agent."""
+    import jax
+
+    agent = plan_run(TrainConfig(env="CartPole-v1")).agent(1)
+    built = agent.build()
+    shapes = jax.eval_shape(built.policy, jax.eval_shape(built.init, jax.random.PRNGKey(0)))
+    zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+    return MetricsBoard(1, 475, 4, (env, agent, 0, None, ())), zeros
+
+
+def test_the_board_scores_the_policies_sent_to_it_and_drops_those_a_restart_undoes():
+    board, zeros = _board("CartPole-v1")
+    board.evaluate(zeros, update=4, env_steps=400)
+    board.evaluate(zeros, update=8, env_steps=800)
+    board.rewind(4)  # update 8's policy is gone with its attempt
+    evals = board.snapshot(wait_evals=True)["evals"]
+    assert [(e["update"], e["env_steps"]) for e in evals] == [(4, 400)]
+    # A policy of zeros always pushes left: CartPole falls over within a dozen steps.
+    assert 5 <= evals[0]["mean_return"] <= 15
+    final = board.final_returns(zeros, episodes=3)
+    assert len(final) == 3 and all(5 <= r <= 15 for r in final)
+
+
+def test_an_evaluator_that_cannot_be_built_is_the_runs_error():
+    board, zeros = _board("NoSuchEnv-v0")
+    with pytest.raises(Exception, match="NoSuchEnv"):
+        board.final_returns(zeros, episodes=3)
+    # The driver's next look at the board raises it too, ending the run.
+    with pytest.raises(Exception, match="NoSuchEnv"):
+        board.snapshot()

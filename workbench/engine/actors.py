@@ -1,4 +1,4 @@
-"""The actors a run places on the slice: one learner per chip, and the evaluator.
+"""The actors a run places on the slice: one learner per chip.
 
 Each is a plain class that Ray runs as an actor pinned to a bundle; the learning itself is
 the learn layer's (:mod:`workbench.learn`), which knows nothing of Ray.
@@ -183,8 +183,6 @@ class ChipLearnerActor:
         )
 
     def train(self) -> dict:
-        import ray
-
         config, learner = self.config, self.learner
         last_saved, last_saved_at = None, time.monotonic()
         loop_start = time.time()
@@ -212,10 +210,7 @@ class ChipLearnerActor:
                     last_saved = self._save(update + 1, resume)
                     last_saved_at = time.monotonic()
             if self.rank == 0 and config.eval_every and (update + 1) % config.eval_every == 0:
-                # NOTE: inside a list Ray hands the board the reference, not the arrays,
-                # so the board passes it on without importing JAX to read them (~55 MiB).
-                self.board.evaluate.remote([ray.put(learner.policy_numpy())], update + 1,
-                                           self.env_steps)
+                self.board.evaluate.remote(learner.policy_numpy(), update + 1, self.env_steps)
             if outcome.stop:
                 break
         learner.finish()
@@ -250,22 +245,3 @@ class ChipLearnerActor:
                 "metrics": metrics}
         return save(self.checkpoints.directory, update, self.learner.state_leaves(), meta,
                     resume=resume, rollouts=rollouts)
-
-
-class EvaluatorActor:
-    """Greedy evaluations of a run's policy, off the slice (on the cluster's head)."""
-
-    def __init__(self, env, agent, seed: int, jax_env=None, wrappers: tuple = ()) -> None:
-        from workbench.learn.evaluation import GreedyEvaluator
-        from workbench.learn.platform import use_compile_cache
-
-        # A JAX env's evaluation program compiles for seconds beside the starting
-        # learners: kept for the next run of the same policy and env instead.
-        use_compile_cache()
-        self.evaluator = GreedyEvaluator(env, agent, seed, jax_env, wrappers)
-
-    def prepare(self, episodes: int) -> None:
-        self.evaluator.prepare(episodes)
-
-    def evaluate(self, policy, episodes: int = 20) -> list[float]:
-        return self.evaluator.evaluate(policy, episodes)

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 log = logging.getLogger(__name__)
 
-# Rollout actors, evaluators and boards never use a TPU: keep JAX on the CPU in their
-# processes.
+# Rollout actors and metrics boards (which run the evaluations) never use a TPU: keep JAX
+# on the CPU in their processes.
 CPU_ONLY = {"env_vars": {"JAX_PLATFORMS": "cpu"}}
 
 
@@ -73,5 +73,5 @@ def head_node_affinity():
              if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {})]
     node = heads[0] if heads else ray.get_runtime_context().get_node_id()
     # NOTE: hard affinity: Ray was seen to place a soft-affine, zero-CPU actor on a
-    # TPU host now and then, and then a lost host took the evaluator with it.
+    # TPU host now and then, and then a lost host took the board with it.
     return NodeAffinitySchedulingStrategy(node, soft=False)

@@ -9,7 +9,6 @@ engine imports neither by name.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import threading
@@ -76,7 +75,7 @@ class _Run:
         starts from."""
         self.evals: list[dict] = []
         self.helpers_replaced = 0
-        self.board = self.evaluator = None
+        self.board = None
         self.tracker = None
 
     # ---- step 1: the run's folder and the run-wide helpers, off the slice -------------
@@ -94,33 +93,26 @@ class _Run:
                                      "algo_config": self.plan.hyperparameters})
 
     def start_helpers(self) -> None:
-        self.evaluator = self._start_evaluator()
-        self.evaluator_ready = self.evaluator.prepare.remote(self.plan.config.eval_episodes)
         self.board = self._start_board()
-
-    def _start_evaluator(self):
-        from workbench.engine.actors import EvaluatorActor
-
-        plan = self.plan
-        jax_env = plan.jax_env.make if plan.jax_env is not None else None
-        return remote(EvaluatorActor, num_cpus=0, runtime_env=CPU_ONLY).options(
-            scheduling_strategy=head_node_affinity(), name=self._helper_name("evaluator"),
-        ).remote(plan.env_ref or plan.config.env, plan.agent(self.slice.num_chips),
-                 plan.config.seed, jax_env, plan.config.wrappers)
 
     def _start_board(self, log=None):
         plan = self.plan
-        # Threaded: a checkpointing chip waits in window() while records keep coming.
-        return remote(MetricsBoard, num_cpus=0, max_concurrency=4).options(
-            scheduling_strategy=head_node_affinity(), name=self._helper_name("board"),
+        jax_env = plan.jax_env.make if plan.jax_env is not None else None
+        evaluator_args = (plan.env_ref or plan.config.env, plan.agent(self.slice.num_chips),
+                          plan.config.seed, jax_env, plan.config.wrappers)
+        # Threaded: a checkpointing chip waits in window() while records keep coming, and
+        # the final evaluation waits for its episodes.
+        return remote(MetricsBoard, num_cpus=0, max_concurrency=self.slice.num_chips + 4,
+                      runtime_env=CPU_ONLY).options(
+            scheduling_strategy=head_node_affinity(), name=self._board_name(),
         ).remote(self.slice.num_chips, plan.target_return, plan.config.eval_episodes,
-                 self.evaluator, log)
+                 evaluator_args, log)
 
-    def _helper_name(self, role: str) -> str:
-        # "<slice>:board", "<slice>:evaluator" (".1", ".2"... for replacements), so that a
-        # person (or a fault test) can find them with ray.get_actor.
+    def _board_name(self) -> str:
+        # "<slice>:board" (".1", ".2"... for replacements), so that a person (or a fault
+        # test) can find it with ray.get_actor.
         suffix = f".{self.helpers_replaced}" if self.helpers_replaced else ""
-        return f"{self.slice.name}:{role}{suffix}"
+        return f"{self.slice.name}:board{suffix}"
 
     # ---- step 2: an attempt, watched until it ends ------------------------------------
 
@@ -165,7 +157,6 @@ class _Run:
         progress_at = time.monotonic()
         while True:
             finished = self.attempt.finished(options.poll_s)
-            self._check_evaluator_ready()
             snapshot = self._snapshot()
             for row, returns in zip(snapshot["updates"], snapshot["returns"], strict=True):
                 self.seen = row["update"]
@@ -197,25 +188,9 @@ class _Run:
                     f"{config.progress_timeout_s:g}): a learner stopped answering"
                 )
 
-    def _check_evaluator_ready(self) -> None:
-        """Raise the evaluator's start-up error, once it has started (or failed to).
-
-        NOTE: not waited for before the launch: the evaluator's first work is the first
-        evaluation, so its start (a process, JAX, a compile) runs beside the first updates
-        instead of before them, and the loop keeps answering a stop meanwhile."""
-        import ray
-
-        if self.evaluator_ready is not None:
-            done, _ = ray.wait([self.evaluator_ready], timeout=0)
-            if done:
-                self.evaluator_ready = None
-                # An evaluator lost on its way up is the board's to report and replace.
-                with contextlib.suppress(ray.exceptions.RayActorError):
-                    ray.get(done[0])
-
     def _snapshot(self) -> dict:
-        """The board's news since the last row seen, replacing a lost board or evaluator
-        (they live on the head, off the slice, but a head can lose them too)."""
+        """The board's news since the last row seen, replacing a lost board (it lives on
+        the head, off the slice, but a head can lose it too)."""
         import ray
 
         try:
@@ -225,9 +200,6 @@ class _Run:
                         "copy of the curve")
             self._replace_board()
             snapshot = ray.get(self.board.snapshot.remote(self.seen), timeout=60)
-        if snapshot["evaluator_lost"]:
-            log.warning("the evaluator was lost; starting a new one")
-            self._replace_evaluator()
         return snapshot
 
     def _replace_board(self) -> None:
@@ -240,13 +212,6 @@ class _Run:
         self.helpers_replaced += 1
         self.board = self._start_board(log_copy)
         self.attempt.set_board(self.board, self.seen)
-
-    def _replace_evaluator(self) -> None:
-        import ray
-
-        self.helpers_replaced += 1
-        self.evaluator = self._start_evaluator()
-        ray.get(self.board.set_evaluator.remote(self.evaluator), timeout=60)
 
     # ---- step 3: recovery after a lost chip ---------------------------------------------
 
@@ -271,17 +236,19 @@ class _Run:
     # ---- step 4: the result -------------------------------------------------------------
 
     def _final_evaluation(self, params) -> list:
-        """The final policy's greedy episodes, on a new evaluator if the one the run had was
-        lost after the last periodic evaluation that would have noticed."""
+        """The final policy's greedy episodes, on a new board if the run's was lost after
+        the last snapshot that would have noticed (the chips, still up, send it their
+        last records again)."""
         import ray
 
         episodes = self.plan.config.eval_episodes
         try:
-            return ray.get(self.evaluator.evaluate.remote(params, episodes))
+            return ray.get(self.board.final_returns.remote(params, episodes))
         except ray.exceptions.RayActorError:
-            log.warning("the evaluator was lost; starting a new one for the final evaluation")
-            self._replace_evaluator()
-        return ray.get(self.evaluator.evaluate.remote(params, episodes))
+            log.warning("the metrics board was lost; starting a new one for the final "
+                        "evaluation")
+            self._replace_board()
+        return ray.get(self.board.final_returns.remote(params, episodes))
 
     def assemble_result(self) -> TrainResult:
         import ray
@@ -348,7 +315,7 @@ class _Run:
             self.tracker.close()
         if self.attempt is not None:
             self.attempt.kill(keep_learners=self.ended_cleanly)
-        kill_and_wait([h for h in (self.evaluator, self.board) if h is not None])
+        kill_and_wait([self.board] if self.board is not None else [])
 
 
 def train(
@@ -365,7 +332,7 @@ def train(
     """Train on every chip of a reserved slice, blocking until the run ends.
 
     A run survives the loss of a rollout actor (it is replaced; only its batch in flight
-    is lost), of its metrics board or evaluator (replaced from the driver's copy), and of
+    is lost), of its metrics board and evaluator (replaced from the driver's copy), and of
     a learner or a host, or a learner that hangs (the slice is given back, an intact one of
     the same shape is reserved in its place on the same handle, and the run carries on from
     the last checkpoint; ``config.max_restarts`` times at most). An interrupt (Ctrl-C, a

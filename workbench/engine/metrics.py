@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -195,18 +197,42 @@ class MetricsLog:
 
 
 class MetricsBoard:
-    """Collects per-update records from every chip and greedy evaluations; the driver
-    reads it without touching the learners. Run as a threaded Ray actor: a checkpointing
-    chip may wait in :meth:`window` while records keep arriving."""
+    """Collects per-update records from every chip and runs the greedy evaluations of the
+    policies they send; the driver reads it without touching the learners. Run as a
+    threaded Ray actor: a checkpointing chip may wait in :meth:`window` while records keep
+    arriving.
+
+    Evaluations run one at a time on a thread of their own, beside the records. The board
+    builds its evaluator there as it starts, so that the evaluator's start (JAX, the env, a
+    compile) runs beside the first updates and not before them.
+
+    NOTE: one process for both jobs, not an evaluator actor beside the board: each Ray
+    process costs its own interpreter and Ray's worker (about 80 MiB), which a Binder
+    session's 2 GiB feels.
+    """
 
     def __init__(self, num_chips: int, target_return: float | None, eval_episodes: int,
-                 evaluator, log: MetricsLog | None = None) -> None:
+                 evaluator_args: tuple, log: MetricsLog | None = None) -> None:
         self.log = log or MetricsLog(num_chips, target_return)
-        self.evaluator = evaluator
         self.eval_episodes = eval_episodes
-        self.pending: list = []
-        self.evaluator_lost = False
+        self.pending: list[tuple[Future, int, int]] = []
         self._changed = threading.Condition()
+        self._evaluations = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluator")
+        self._evaluator_built = self._evaluations.submit(self._build_evaluator, evaluator_args)
+
+    def _build_evaluator(self, evaluator_args: tuple):
+        from workbench.learn.evaluation import GreedyEvaluator
+        from workbench.learn.platform import use_compile_cache
+
+        # A JAX env's evaluation program compiles for seconds beside the starting
+        # learners: kept for the next run of the same policy and env instead.
+        use_compile_cache()
+        evaluator = GreedyEvaluator(*evaluator_args)
+        evaluator.prepare(self.eval_episodes)
+        return evaluator
+
+    def _greedy_returns(self, policy, episodes: int) -> list[float]:
+        return self._evaluator_built.result().evaluate(policy, episodes)
 
     def record(self, record: UpdateRecord) -> None:
         with self._changed:
@@ -224,44 +250,40 @@ class MetricsBoard:
         with self._changed:
             self.log.seed(window)
 
-    def set_evaluator(self, evaluator) -> None:
-        with self._changed:
-            self.evaluator = evaluator
-            self.evaluator_lost = False
-
-    def evaluate(self, policy_ref: list, update: int, env_steps: int) -> None:
-        """Start a greedy evaluation of the policy whose object reference ``policy_ref``
-        holds (a one-item list, so that Ray hands it over unread)."""
+    def evaluate(self, policy, update: int, env_steps: int) -> None:
+        """Queue a greedy evaluation of ``policy``, the policy after ``update``."""
         with self._changed:
             self._collect()
-            if self.evaluator_lost:
-                return  # the driver is replacing it; this evaluation is skipped
-            ref = self.evaluator.evaluate.remote(policy_ref[0], self.eval_episodes)
-            self.pending.append((ref, update, env_steps))
+            future = self._evaluations.submit(self._greedy_returns, policy,
+                                              self.eval_episodes)
+            self.pending.append((future, update, env_steps))
+
+    def final_returns(self, policy, episodes: int) -> list[float]:
+        """The greedy episodes of the run's final policy, after the evaluations queued."""
+        return self._evaluations.submit(self._greedy_returns, policy, episodes).result()
 
     def _collect(self, wait: bool = False) -> None:
-        import ray
-
+        if self._evaluator_built.done() and self._evaluator_built.exception() is not None:
+            # The evaluator cannot be built (its env, its agent): the run's error to report.
+            raise self._evaluator_built.exception()
         still = []
-        for ref, update, env_steps in self.pending:
-            ready, _ = ray.wait([ref], timeout=None if wait else 0)
-            if not ready:
-                still.append((ref, update, env_steps))
+        for future, update, env_steps in self.pending:
+            if wait:
+                futures.wait([future])
+            if not future.done():
+                still.append((future, update, env_steps))
                 continue
-            try:
-                returns = ray.get(ref)
-            except ray.exceptions.RayActorError:
-                self.evaluator_lost = True
-                continue
+            returns = future.result()
             self.log.add_eval(update, env_steps, float(np.mean(returns)), time.time())
         self.pending = still
 
     def rewind(self, update: int) -> None:
         with self._changed:
+            # An evaluation of a policy the checkpoint does not hold runs to its end unread.
             self.pending = [entry for entry in self.pending if entry[1] <= update]
             self.log.rewind(update)
 
     def snapshot(self, since: int = 0, wait_evals: bool = False) -> dict:
         with self._changed:
             self._collect(wait_evals)
-            return {**self.log.snapshot(since), "evaluator_lost": self.evaluator_lost}
+            return self.log.snapshot(since)

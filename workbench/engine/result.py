@@ -61,7 +61,7 @@ class TrainResult:
     rollout_actors_replaced: int = 0
     """Rollout actors that died and were replaced (their batch in flight was lost)."""
     helpers_replaced: int = 0
-    """Metrics boards and evaluators that were lost and replaced."""
+    """Metrics boards (each also the run's evaluator) that were lost and replaced."""
     startup_profile: dict = field(default_factory=dict)
     """Where the start-up went: seconds from the attempt's start until the learners had
     joined (``learners_joined_s``), were set up (``learners_set_up_s``) and had compiled
