@@ -74,13 +74,15 @@ def _all_given_back(tpu_slice, actors_before: set[str], timeout_s: float = 15.0)
 def test_sigterm_to_the_cli_keeps_a_checkpoint_the_next_command_resumes_from(sim_cluster,
                                                                            tmp_path):
     """``workbench train --engine rllib`` as a pod runs it: SIGTERM mid-run (GKE evicting
-    the pod), then the same command again. Both join the running session cluster."""
+    the pod), then the same command again. Both join the running session cluster. The
+    command samples in its own process (no env runner actors: each costs about 15 s of
+    imports here; the killed-env-runner test below has them)."""
     groups_before = live_placement_groups()
     actors_before = set(live_actor_names())
     run_dir = tmp_path / "evicted"
     command = [WORKBENCH, "train", "--engine", "rllib", "--algo", "PPO", "--env",
                "CartPole-v1", "--set", "lr=0.0003", "--set", "num_epochs=6",
-               "--set", "num_env_runners=1", "--learners", "1", "--checkpoint-every", "2",
+               "--set", "num_env_runners=0", "--learners", "1", "--checkpoint-every", "2",
                "--run-dir", str(run_dir), "--address", sim_cluster.address]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     process, lines = start_until_progress([*command, "--total-env-steps", "400000"], env)
@@ -122,14 +124,15 @@ def test_sigterm_to_the_cli_keeps_a_checkpoint_the_next_command_resumes_from(sim
 
 def test_dqn_sac_and_appo_train_through_the_slices_placement(two_by_two):
     """One iteration each (RLlib's defaults): RLlib's value-based, continuous-action and
-    asynchronous algorithms through the same placement. APPO takes two chips (notebook 07's
-    test has PPO on all four); DQN and SAC one learner and one env runner (each RLlib
-    process costs seconds of imports here)."""
+    asynchronous algorithms through the same placement. APPO takes two chips and an env
+    runner (notebook 07's test has PPO on all four); DQN and SAC one learner each, sampling
+    in the driver: each RLlib process costs about 15 s of imports here, and where env
+    runners go is the PPO and APPO runs' to show."""
     from workbench.engine.rllib.algorithms import rllib_config
 
     actors_before = set(live_actor_names())
-    for algo, env, learners, runners in (("DQN", "CartPole-v1", 1, 1),
-                                         ("SAC", "Pendulum-v1", 1, 1),
+    for algo, env, learners, runners in (("DQN", "CartPole-v1", 1, 0),
+                                         ("SAC", "Pendulum-v1", 1, 0),
                                          ("APPO", "CartPole-v1", 2, 1)):
         config = rllib_config(algo, env, settings=(f"num_env_runners={runners}",)).learners(
             num_learners=learners)
