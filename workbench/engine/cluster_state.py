@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 log = logging.getLogger(__name__)
 
-# Rollout actors and metrics boards (which run the evaluations) never use a TPU: keep JAX
-# on the CPU in their processes.
+# Rollout actors and sweep boards never use a TPU: keep JAX on the CPU in their processes
+# (a run's metrics board sees to its own, see MetricsBoard).
 CPU_ONLY = {"env_vars": {"JAX_PLATFORMS": "cpu"}}
 
 

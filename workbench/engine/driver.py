@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from workbench.engine.attempt import Attempt
-from workbench.engine.cluster_state import CPU_ONLY, head_node_affinity, kill_and_wait, remote
+from workbench.engine.cluster_state import head_node_affinity, kill_and_wait, remote
 from workbench.engine.config import TrainConfig
 from workbench.engine.metrics import MetricsBoard
 from workbench.engine.plan import RunPlan, check_slice, plan_run, slice_record
@@ -101,9 +101,9 @@ class _Run:
         evaluator_args = (plan.env_ref or plan.config.env, plan.agent(self.slice.num_chips),
                           plan.config.seed, jax_env, plan.config.wrappers)
         # Threaded: a checkpointing chip waits in window() while records keep coming, and
-        # the final evaluation waits for its episodes.
-        return remote(MetricsBoard, num_cpus=0, max_concurrency=self.slice.num_chips + 4,
-                      runtime_env=CPU_ONLY).options(
+        # the final evaluation waits for its episodes. No runtime_env: the board picks
+        # JAX's platform itself (see MetricsBoard._build_evaluator).
+        return remote(MetricsBoard, num_cpus=0, max_concurrency=self.slice.num_chips + 4).options(
             scheduling_strategy=head_node_affinity(), name=self._board_name(),
         ).remote(self.slice.num_chips, plan.target_return, plan.config.eval_episodes,
                  evaluator_args, log)

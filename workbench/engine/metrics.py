@@ -7,10 +7,10 @@ its curve all the same and reaches no target.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
-from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -221,6 +221,10 @@ class MetricsBoard:
         self._evaluator_built = self._evaluations.submit(self._build_evaluator, evaluator_args)
 
     def _build_evaluator(self, evaluator_args: tuple):
+        # JAX on the CPU (the head has no chip), as the rollout actors' runtime_env has
+        # it; set here, before the board's first JAX import, since a runtime_env would
+        # start the board in a fresh worker process that the driver's first look waits for.
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
         from workbench.learn.evaluation import GreedyEvaluator
         from workbench.learn.platform import use_compile_cache
 
@@ -268,9 +272,7 @@ class MetricsBoard:
             raise self._evaluator_built.exception()
         still = []
         for future, update, env_steps in self.pending:
-            if wait:
-                futures.wait([future])
-            if not future.done():
+            if not (wait or future.done()):
                 still.append((future, update, env_steps))
                 continue
             returns = future.result()
