@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import ray
-from conftest import live_actor_names, live_actors
+from conftest import live_actor_names, live_actor_records, live_actors
 
 import workbench as wb
 from workbench.algos import DISCRETE, Agent, Algorithm
@@ -48,6 +48,14 @@ def two_by_two(sim_cluster):
     with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
         wb.start_learners(tpu_slice)
         yield tpu_slice
+
+
+def _board_pid(tpu_slice) -> int:
+    """The process of the slice's metrics board, which a slice keeping its learners keeps
+    between runs."""
+    (pid,) = [a["Pid"] for a in live_actor_records().values()
+              if a.get("Name") == f"{tpu_slice.name}:board"]
+    return pid
 
 
 def test_a_run_records_what_users_read(first_run):
@@ -114,11 +122,15 @@ def test_same_seed_same_curve_and_resume_continues_exactly(first_run, two_by_two
     # then hold exactly what the checkpoint holds.
     resumed = train(two_by_two, TrainConfig(seed=7, checkpoint_dir=directory, resume=True,
                                             **SMALL))
+    board = _board_pid(two_by_two)
     # The same run again, on the learners and rollout actors the resumed run kept: the
     # same curve and state as the first run's fresh ones.
     again = train(two_by_two, TrainConfig(seed=7, checkpoint_dir=str(tmp_path), **SMALL))
     assert again.startup_profile["warm"] is True
     assert again.startup_profile["rollouts_warm"] is True
+    # Its metrics board too (one process fewer to start), with nothing of the last run in
+    # it: the curve below is the first run's.
+    assert _board_pid(two_by_two) == board
     curve = [(r["episodes"], r["mean_return_this_update"], r["loss"]) for r in result.curve]
     assert curve == [(r["episodes"], r["mean_return_this_update"], r["loss"])
                      for r in again.curve]
@@ -140,6 +152,7 @@ def test_a_loss_defined_in_a_notebook_cell_trains_with_per_minibatch_all_reduce(
     # A kept learner that died between runs: the run starts new ones instead.
     wb.start_learners(two_by_two)
     ray.kill(ray.get_actor(f"{two_by_two.name}:a0:learner-1"))
+    ray.kill(ray.get_actor(f"{two_by_two.name}:board"))  # and the kept board: a new one
     result = train(two_by_two, TrainConfig(seed=1, algo="ppo_with_value_clip",
                                            sync="gradients", **small))
     assert result.startup_profile["warm"] is False

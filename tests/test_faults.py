@@ -36,14 +36,16 @@ def two_by_two(sim_cluster):
 @pytest.fixture
 def shared_slice(two_by_two):
     """The module's slice, checked to leave no other placement group behind, and no actor
-    but the learners and rollout actors it keeps for the next test."""
+    but the learners, rollout actors and metrics board it keeps for the next test."""
     groups, actors = live_placement_groups(), set(live_actors())
     yield two_by_two
     # A restart re-reserves the slice, which replaces its placement group: the count is
     # what must not grow.
     assert len(live_placement_groups()) == len(groups), "this test left a placement group"
     assert two_by_two.placement_group.id.hex() in live_placement_groups()
-    kept = set(_kept(two_by_two, ":learner-", ":rollout"))
+    kept = set(_kept(two_by_two, ":learner-", ":rollout")) | {
+        actor_id for actor_id, name in live_actor_names().items()
+        if name == f"{two_by_two.name}:board"}
     assert set(live_actors()) - actors - kept == set(), "this test left actors behind"
 
 

@@ -111,3 +111,19 @@ def test_an_evaluator_that_cannot_be_built_is_the_runs_error():
     # The driver's next look at the board raises it too, ending the run.
     with pytest.raises(Exception, match="NoSuchEnv"):
         board.snapshot()
+
+
+def test_a_kept_board_serves_the_next_run_with_nothing_of_the_last():
+    board, zeros = _board("CartPole-v1")
+    board.record(_record(1, 0, [12.0]))
+    board.evaluate(zeros, update=1, env_steps=100)  # may still run as the next run begins
+    agent = plan_run(TrainConfig(env="CartPole-v1")).agent(2)
+    board.begin(2, 475, 4, ("CartPole-v1", agent, 1, None, ()))
+    board.record(_record(1, 0))
+    news = board.snapshot(wait_evals=True)
+    # The new run's first update waits for its second chip; the last run's row and
+    # evaluation are gone.
+    assert (news["updates"], news["evals"]) == ([], [])
+    board.record(_record(1, 1))
+    assert [r["update"] for r in board.snapshot()["updates"]] == [1]
+    assert len(board.final_returns(zeros, episodes=2)) == 2

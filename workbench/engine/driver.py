@@ -18,14 +18,20 @@ from collections.abc import Callable
 import numpy as np
 
 from workbench.engine.attempt import Attempt
-from workbench.engine.cluster_state import head_node_affinity, kill_and_wait, remote
+from workbench.engine.cluster_state import kill_and_wait
 from workbench.engine.config import TrainConfig
-from workbench.engine.metrics import MetricsBoard
 from workbench.engine.plan import RunPlan, check_slice, plan_run, slice_record
 from workbench.engine.restarts import ChipLost, hold_intact_slice
 from workbench.engine.result import TrainResult
 from workbench.engine.shipping import ship_by_value, user_code_of
 from workbench.engine.stops import registered
+from workbench.engine.warm import (
+    board_args,
+    board_name,
+    keep_board,
+    start_board,
+    take_board,
+)
 from workbench.tpu.slice import Slice
 from workbench.version import version
 
@@ -96,23 +102,10 @@ class _Run:
         self.board = self._start_board()
 
     def _start_board(self, log=None):
-        plan = self.plan
-        jax_env = plan.jax_env.make if plan.jax_env is not None else None
-        evaluator_args = (plan.env_ref or plan.config.env, plan.agent(self.slice.num_chips),
-                          plan.config.seed, jax_env, plan.config.wrappers)
-        # Threaded: a checkpointing chip waits in window() while records keep coming, and
-        # the final evaluation waits for its episodes. No runtime_env: the board picks
-        # JAX's platform itself (see MetricsBoard._build_evaluator).
-        return remote(MetricsBoard, num_cpus=0, max_concurrency=self.slice.num_chips + 4).options(
-            scheduling_strategy=head_node_affinity(), name=self._board_name(),
-        ).remote(self.slice.num_chips, plan.target_return, plan.config.eval_episodes,
-                 evaluator_args, log)
-
-    def _board_name(self) -> str:
-        # "<slice>:board" (".1", ".2"... for replacements), so that a person (or a fault
-        # test) can find it with ray.get_actor.
-        suffix = f".{self.helpers_replaced}" if self.helpers_replaced else ""
-        return f"{self.slice.name}:board{suffix}"
+        run_args = board_args(self.plan, self.slice.num_chips, log)
+        kept = take_board(self.slice, run_args) if not self.helpers_replaced else None
+        return kept or start_board(self.slice, run_args,
+                                   board_name(self.slice, self.helpers_replaced))
 
     # ---- step 2: an attempt, watched until it ends ------------------------------------
 
@@ -315,7 +308,12 @@ class _Run:
             self.tracker.close()
         if self.attempt is not None:
             self.attempt.kill(keep_learners=self.ended_cleanly)
-        kill_and_wait([self.board] if self.board is not None else [])
+        if self.board is None:
+            return
+        # A replacement board is not kept: the next run's is found by the first name.
+        if not (self.ended_cleanly and not self.helpers_replaced
+                and keep_board(self.slice, self.board)):
+            kill_and_wait([self.board])
 
 
 def train(

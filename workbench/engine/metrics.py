@@ -212,15 +212,26 @@ class MetricsBoard:
     """
 
     def __init__(self, num_chips: int, target_return: float | None, eval_episodes: int,
-                 evaluator_args: tuple, log: MetricsLog | None = None) -> None:
-        self.log = log or MetricsLog(num_chips, target_return)
-        self.eval_episodes = eval_episodes
-        self.pending: list[tuple[Future, int, int]] = []
+                 evaluator_args: tuple | list, log: MetricsLog | None = None) -> None:
+        """``evaluator_args`` is :class:`GreedyEvaluator`'s arguments, or (from the driver)
+        a list holding an object-store reference to them, resolved on the evaluator's
+        thread."""
         self._changed = threading.Condition()
         self._evaluations = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluator")
-        self._evaluator_built = self._evaluations.submit(self._build_evaluator, evaluator_args)
+        self.begin(num_chips, target_return, eval_episodes, evaluator_args, log)
 
-    def _build_evaluator(self, evaluator_args: tuple):
+    def begin(self, num_chips: int, target_return: float | None, eval_episodes: int,
+              evaluator_args: tuple | list, log: MetricsLog | None = None) -> None:
+        """Serve a new run, forgetting the last one's (a slice that keeps its learners
+        keeps its board too, see :mod:`workbench.engine.warm`)."""
+        with self._changed:
+            self.log = log or MetricsLog(num_chips, target_return)
+            self.eval_episodes = eval_episodes
+            self.pending: list[tuple[Future, int, int]] = []
+            self._evaluator_built = self._evaluations.submit(self._build_evaluator,
+                                                             evaluator_args)
+
+    def _build_evaluator(self, evaluator_args: tuple | list):
         # JAX on the CPU (the head has no chip), as the rollout actors' runtime_env has
         # it; set here, before the board's first JAX import, since a runtime_env would
         # start the board in a fresh worker process that the driver's first look waits for.
@@ -231,12 +242,18 @@ class MetricsBoard:
         # A JAX env's evaluation program compiles for seconds beside the starting
         # learners: kept for the next run of the same policy and env instead.
         use_compile_cache()
+        if isinstance(evaluator_args, list):
+            import ray
+
+            evaluator_args = ray.get(evaluator_args[0])
         evaluator = GreedyEvaluator(*evaluator_args)
         evaluator.prepare(self.eval_episodes)
         return evaluator
 
-    def _greedy_returns(self, policy, episodes: int) -> list[float]:
-        return self._evaluator_built.result().evaluate(policy, episodes)
+    def _greedy_returns(self, built: Future, policy, episodes: int) -> list[float]:
+        # ``built`` is the evaluator of the run that asked, bound when it asked: the next
+        # run's evaluator is built after this on the one thread.
+        return built.result().evaluate(policy, episodes)
 
     def record(self, record: UpdateRecord) -> None:
         with self._changed:
@@ -258,13 +275,14 @@ class MetricsBoard:
         """Queue a greedy evaluation of ``policy``, the policy after ``update``."""
         with self._changed:
             self._collect()
-            future = self._evaluations.submit(self._greedy_returns, policy,
-                                              self.eval_episodes)
+            future = self._evaluations.submit(self._greedy_returns, self._evaluator_built,
+                                              policy, self.eval_episodes)
             self.pending.append((future, update, env_steps))
 
     def final_returns(self, policy, episodes: int) -> list[float]:
         """The greedy episodes of the run's final policy, after the evaluations queued."""
-        return self._evaluations.submit(self._greedy_returns, policy, episodes).result()
+        return self._evaluations.submit(self._greedy_returns, self._evaluator_built, policy,
+                                        episodes).result()
 
     def _collect(self, wait: bool = False) -> None:
         if self._evaluator_built.done() and self._evaluator_built.exception() is not None:

@@ -8,7 +8,9 @@ started in the background right after its reservation, :func:`start_learners`), 
 next run on it sets them up afresh instead of starting new ones; each run's ``setup``
 replaces every piece of per-run state they hold. They are stopped when the slice is
 released or recovered, when a learner is found dead, and before anything else needs the
-chips' TPU resource (a sweep's programs).
+chips' TPU resource (a sweep's programs). Its metrics board, a process on the head, is
+kept with them: starting one costs the next run a process (about 2 s here) before the
+driver sees its first row or can pass on a stop.
 """
 
 from __future__ import annotations
@@ -112,7 +114,8 @@ def start_learners(tpu_slice, config: TrainConfig | None = None,
     that cell's :func:`~workbench.train` skips all of it. They also set up and compile
     the learner of a run of ``config`` (the defaults when None), and the rollout actors
     set up its envs and policy, so a run of that config (any seed) also skips tracing
-    its programs; any other run still finds JAX warm in them. The learners hold each
+    its programs; any other run still finds JAX warm in them. The run's metrics board
+    starts too, its evaluator built for ``config``. The learners hold each
     chip's ``TPU`` resource while idle; :meth:`~workbench.Slice.release` stops them.
 
     Raises:
@@ -141,6 +144,10 @@ def start_learners(tpu_slice, config: TrainConfig | None = None,
         keeper = start_keeper(tpu_slice, layout, rollout_runs(plan, layout, tpu_slice.num_chips))
         group.hold_rollouts(keeper, layout)
     _keep(tpu_slice, group)
+    if tpu_slice not in _kept_boards:
+        # The run's board too, its evaluator built for ``config``.
+        _keep_board(tpu_slice, start_board(tpu_slice, board_args(plan, tpu_slice.num_chips),
+                                           board_name(tpu_slice)))
 
 
 def take(tpu_slice) -> LearnerGroup | None:
@@ -205,3 +212,82 @@ def _keep(tpu_slice, group: LearnerGroup) -> None:
 
 def _placement_group_id(tpu_slice) -> str:
     return tpu_slice.placement_group.id.hex()
+
+
+# The boards kept between runs, by slice (weak for the same reason).
+_kept_boards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def board_args(plan, num_chips: int, log=None) -> tuple:
+    """A run's :class:`~workbench.engine.metrics.MetricsBoard` arguments (those of its
+    ``begin``), continuing ``log`` when given."""
+    import ray
+
+    jax_env = plan.jax_env.make if plan.jax_env is not None else None
+    # In the object store and handed over as a reference in a list (which Ray leaves
+    # unresolved): unpickling the agent imports JAX, and the board does that on its
+    # evaluator's thread, not before it first answers.
+    evaluator_args = [ray.put((plan.env_ref or plan.config.env, plan.agent(num_chips),
+                               plan.config.seed, jax_env, plan.config.wrappers))]
+    return num_chips, plan.target_return, plan.config.eval_episodes, evaluator_args, log
+
+
+def start_board(tpu_slice, run_args: tuple, name: str):
+    """Start a metrics board for a run on ``tpu_slice``, on the cluster's head."""
+    from workbench.engine.cluster_state import head_node_affinity, remote
+    from workbench.engine.metrics import MetricsBoard
+
+    # Threaded: a checkpointing chip waits in window() while records keep coming, and the
+    # final evaluation waits for its episodes. No runtime_env (it would need a fresh
+    # worker process): the board picks JAX's platform itself.
+    return remote(MetricsBoard, num_cpus=0, max_concurrency=tpu_slice.num_chips + 4).options(
+        scheduling_strategy=head_node_affinity(), name=name,
+    ).remote(*run_args)
+
+
+def board_name(tpu_slice, replaced: int = 0) -> str:
+    """"<slice>:board" (".1", ".2"... for a run's replacements), so that a person (or a
+    fault test) can find it with ray.get_actor."""
+    return f"{tpu_slice.name}:board" + (f".{replaced}" if replaced else "")
+
+
+def take_board(tpu_slice, run_args: tuple):
+    """The slice's kept metrics board, set up for a new run with ``run_args``
+    (:func:`board_args`), or ``None`` when it has none that answers."""
+    import ray
+
+    board = _kept_boards.pop(tpu_slice, None)
+    if board is None:
+        return None
+    try:
+        ray.get(board.begin.remote(*run_args), timeout=30)
+    except Exception as error:
+        log.info("the kept metrics board is not usable (%s); starting a new one", error)
+        with contextlib.suppress(Exception):
+            ray.kill(board)
+        return None
+    return board
+
+
+def keep_board(tpu_slice, board) -> bool:
+    """Keep a cleanly finished run's board for the slice's next run, if the slice keeps
+    its learners. Returns whether kept; if not, the caller stops it."""
+    if not tpu_slice.keep_learners or tpu_slice.released:
+        return False
+    _keep_board(tpu_slice, board)
+    return True
+
+
+def _keep_board(tpu_slice, board) -> None:
+    _kept_boards[tpu_slice] = board
+    tpu_slice.on_release("warm metrics board", lambda: stop_kept_board(tpu_slice))
+
+
+def stop_kept_board(tpu_slice) -> None:
+    """Stop the board kept on ``tpu_slice`` (nothing if it keeps none)."""
+    from workbench.engine.cluster_state import kill_and_wait
+
+    board = _kept_boards.pop(tpu_slice, None)
+    if board is not None:
+        with contextlib.suppress(Exception):
+            kill_and_wait([board])
