@@ -203,8 +203,8 @@ class MetricsBoard:
     arriving.
 
     Evaluations run one at a time on a thread of their own, beside the records. The board
-    builds its evaluator there as it starts, so that the evaluator's start (JAX, the env, a
-    compile) runs beside the first updates and not before them.
+    builds each run's evaluator there as the run begins, so that the evaluator's start
+    (JAX, the env, a compile) runs beside the first updates and not before them.
 
     NOTE: one process for both jobs, not an evaluator actor beside the board: each Ray
     process costs its own interpreter and Ray's worker (about 80 MiB), which a Binder
@@ -233,8 +233,8 @@ class MetricsBoard:
 
     def _build_evaluator(self, evaluator_args: tuple | list):
         # JAX on the CPU (the head has no chip), as the rollout actors' runtime_env has
-        # it; set here, before the board's first JAX import, since a runtime_env would
-        # start the board in a fresh worker process that the driver's first look waits for.
+        # it; set here, before the board's first JAX import, rather than in a runtime_env
+        # of its own, which would need a worker process started for it.
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         from workbench.learn.evaluation import GreedyEvaluator
         from workbench.learn.platform import use_compile_cache
