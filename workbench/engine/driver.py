@@ -103,9 +103,8 @@ class _Run:
 
     def _start_board(self, log=None):
         run_args = board_args(self.plan, self.slice.num_chips, log)
-        kept = take_board(self.slice, run_args) if not self.helpers_replaced else None
-        return kept or start_board(self.slice, run_args,
-                                   board_name(self.slice, self.helpers_replaced))
+        return take_board(self.slice, run_args) or start_board(
+            self.slice, run_args, board_name(self.slice, self.helpers_replaced))
 
     # ---- step 2: an attempt, watched until it ends ------------------------------------
 

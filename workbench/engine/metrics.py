@@ -212,16 +212,13 @@ class MetricsBoard:
     """
 
     def __init__(self, num_chips: int, target_return: float | None, eval_episodes: int,
-                 evaluator_args: tuple | list, log: MetricsLog | None = None) -> None:
-        """``evaluator_args`` is :class:`GreedyEvaluator`'s arguments, or (from the driver)
-        a list holding an object-store reference to them, resolved on the evaluator's
-        thread."""
+                 evaluator_args: tuple, log: MetricsLog | None = None) -> None:
         self._changed = threading.Condition()
         self._evaluations = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluator")
         self.begin(num_chips, target_return, eval_episodes, evaluator_args, log)
 
     def begin(self, num_chips: int, target_return: float | None, eval_episodes: int,
-              evaluator_args: tuple | list, log: MetricsLog | None = None) -> None:
+              evaluator_args: tuple, log: MetricsLog | None = None) -> None:
         """Serve a new run, forgetting the last one's (a slice that keeps its learners
         keeps its board too, see :mod:`workbench.engine.warm`)."""
         with self._changed:
@@ -231,7 +228,7 @@ class MetricsBoard:
             self._evaluator_built = self._evaluations.submit(self._build_evaluator,
                                                              evaluator_args)
 
-    def _build_evaluator(self, evaluator_args: tuple | list):
+    def _build_evaluator(self, evaluator_args: tuple):
         # JAX on the CPU (the head has no chip), as the rollout actors' runtime_env has
         # it; set here, before the board's first JAX import, rather than in a runtime_env
         # of its own, which would need a worker process started for it.
@@ -242,10 +239,6 @@ class MetricsBoard:
         # A JAX env's evaluation program compiles for seconds beside the starting
         # learners: kept for the next run of the same policy and env instead.
         use_compile_cache()
-        if isinstance(evaluator_args, list):
-            import ray
-
-            evaluator_args = ray.get(evaluator_args[0])
         evaluator = GreedyEvaluator(*evaluator_args)
         evaluator.prepare(self.eval_episodes)
         return evaluator

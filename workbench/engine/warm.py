@@ -27,7 +27,9 @@ from workbench.engine.chip_group import (
     start_chip_actors,
     wait_for_joins,
 )
+from workbench.engine.cluster_state import head_node_affinity, kill_and_wait, remote
 from workbench.engine.config import TrainConfig
+from workbench.engine.metrics import MetricsBoard
 from workbench.engine.rollouts import (
     RolloutLayout,
     rollout_layout,
@@ -221,22 +223,14 @@ _kept_boards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def board_args(plan, num_chips: int, log=None) -> tuple:
     """A run's :class:`~workbench.engine.metrics.MetricsBoard` arguments (those of its
     ``begin``), continuing ``log`` when given."""
-    import ray
-
     jax_env = plan.jax_env.make if plan.jax_env is not None else None
-    # In the object store and handed over as a reference in a list (which Ray leaves
-    # unresolved): unpickling the agent imports JAX, and the board does that on its
-    # evaluator's thread, not before it first answers.
-    evaluator_args = [ray.put((plan.env_ref or plan.config.env, plan.agent(num_chips),
-                               plan.config.seed, jax_env, plan.config.wrappers))]
+    evaluator_args = (plan.env_ref or plan.config.env, plan.agent(num_chips),
+                      plan.config.seed, jax_env, plan.config.wrappers)
     return num_chips, plan.target_return, plan.config.eval_episodes, evaluator_args, log
 
 
 def start_board(tpu_slice, run_args: tuple, name: str):
     """Start a metrics board for a run on ``tpu_slice``, on the cluster's head."""
-    from workbench.engine.cluster_state import head_node_affinity, remote
-    from workbench.engine.metrics import MetricsBoard
-
     # Threaded: a checkpointing chip waits in window() while records keep coming, and the
     # final evaluation waits for its episodes. No runtime_env (it would need a fresh
     # worker process): the board picks JAX's platform itself.
@@ -285,8 +279,6 @@ def _keep_board(tpu_slice, board) -> None:
 
 def stop_kept_board(tpu_slice) -> None:
     """Stop the board kept on ``tpu_slice`` (nothing if it keeps none)."""
-    from workbench.engine.cluster_state import kill_and_wait
-
     board = _kept_boards.pop(tpu_slice, None)
     if board is not None:
         with contextlib.suppress(Exception):
