@@ -18,7 +18,6 @@ from workbench.algos import DISCRETE, Agent, Algorithm
 from workbench.algos import ppo as ppo_module
 from workbench.algos.networks import ActorCritic
 from workbench.engine import TrainConfig, checkpoint, train
-from workbench.tpu.placement import tpu_process_environment
 
 # 4 chips x 8 envs x 32 steps = 1024 env steps per update: 3 updates.
 SMALL = dict(total_env_steps=3 * 1024, envs_per_chip=8, rollout_length=32, eval_every=1,
@@ -58,6 +57,7 @@ def _board_pid(tpu_slice) -> int:
     return pid
 
 
+@pytest.mark.slow
 def test_a_run_records_what_users_read(first_run):
     result, _ = first_run
     record = result.to_json()
@@ -83,12 +83,14 @@ def test_a_run_records_what_users_read(first_run):
     assert live_actors() == []
 
 
+@pytest.mark.slow
 def test_every_chip_ends_with_the_same_state(first_run):
     result, _ = first_run
     assert len(result.chip_state_digests) == 4
     assert len(set(result.chip_state_digests)) == 1
 
 
+@pytest.mark.slow
 def test_the_final_checkpoint_holds_the_final_state(first_run):
     result, directory = first_run
     saved = checkpoint.restore(directory)
@@ -96,6 +98,7 @@ def test_the_final_checkpoint_holds_the_final_state(first_run):
     assert _digest(saved.state) == result.chip_state_digests[0]
 
 
+@pytest.mark.slow
 def test_learners_warmed_for_a_run_at_reservation_train_it_as_new_ones_would(first_run,
                                                                               two_by_two):
     result, _ = first_run
@@ -116,6 +119,7 @@ def test_learners_warmed_for_a_run_at_reservation_train_it_as_new_ones_would(fir
     assert [r["loss"] for r in warmed.curve] == [r["loss"] for r in result.curve]
 
 
+@pytest.mark.slow
 def test_same_seed_same_curve_and_resume_continues_exactly(first_run, two_by_two, tmp_path):
     result, directory = first_run
     # Resuming a finished run loads its state and has nothing left to do: the chips must
@@ -141,6 +145,7 @@ def test_same_seed_same_curve_and_resume_continues_exactly(first_run, two_by_two
     assert resumed.startup_profile["warm"] and resumed.startup_profile["rollouts_warm"]
 
 
+@pytest.mark.slow
 def test_a_loss_defined_in_a_notebook_cell_trains_with_per_minibatch_all_reduce(two_by_two):
     def ppo_with_value_clip(params, apply_fn, batch, config):
         loss, metrics = ppo_module.ppo_loss(params, apply_fn, batch, config)
@@ -162,6 +167,7 @@ def test_a_loss_defined_in_a_notebook_cell_trains_with_per_minibatch_all_reduce(
     assert len(set(result.chip_state_digests)) == 1
 
 
+@pytest.mark.slow
 def test_kept_rollout_actors_are_replaced_when_dead_and_restarted_for_another_layout(
         two_by_two):
     small = dict(SMALL, total_env_steps=2 * 1024, eval_every=0)
@@ -251,6 +257,7 @@ REINFORCE = Algorithm("reinforce", ReinforceConfig, build_reinforce, (DISCRETE,)
                       "REINFORCE with a baseline (defined in a test)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "env"), [("actors", "CartPole-v1"),
                                            ("anakin", "workbench/CartPole-v1")])
 def test_an_algorithm_registered_in_a_cell_trains_cartpole_in_both_modes(two_by_two, mode,
@@ -268,6 +275,7 @@ def test_an_algorithm_registered_in_a_cell_trains_cartpole_in_both_modes(two_by_
     assert len(set(result.chip_state_digests)) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "config, match",
     [(TrainConfig(total_env_steps=0), "total_env_steps"),
@@ -313,21 +321,3 @@ def test_rollout_actors_per_host_follow_the_hosts_cpus_when_left_to_the_workbenc
     assert TrainConfig().rollout_actors_per_host == 0
     with pytest.raises(ValueError, match="rollout_actors_per_host"):
         TrainConfig(rollout_actors_per_host=-1).validate()
-
-
-def test_tpu_process_environment_for_one_process_per_chip():
-    addresses = [f"10.0.0.{i // 4}:{8476 + i % 4}" for i in range(16)]
-    env = tpu_process_environment(wb.parse_shape("v6e", "4x4"), rank=5,
-                                  process_addresses=addresses, port=8477)
-    assert env == {
-        "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
-        "TPU_PROCESS_BOUNDS": "4,4,1",
-        "TPU_PROCESS_ADDRESSES": ",".join(addresses),
-        "TPU_PROCESS_PORT": "8477",
-        "CLOUD_TPU_TASK_ID": "5",
-    }
-    v5p = wb.parse_shape("v5p", "2x2x2")
-    assert tpu_process_environment(v5p, 0, addresses[:8], 8476)["TPU_PROCESS_BOUNDS"] == \
-        "2,2,2"
-    with pytest.raises(ValueError, match="16 chips"):
-        tpu_process_environment(wb.parse_shape("v6e", "4x4"), 0, addresses[:4], 8476)

@@ -1,13 +1,10 @@
-"""Starting work pinned to the chips of a reserved slice, and the per-process TPU
-environment for one process per chip."""
+"""Starting work pinned to the chips of a reserved slice (the per-process TPU environment
+is :mod:`workbench.tpu.process_env`)."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from workbench.tpu.catalog import SliceShape
 from workbench.tpu.slice import Slice
 
 
@@ -52,38 +49,3 @@ def probe_chips(tpu_slice: Slice, timeout_s: float = 120.0) -> list[ChipReport]:
         for chip in tpu_slice.chips
     ]
     return ray.get(refs, timeout=timeout_s)
-
-
-def tpu_process_environment(
-    shape: SliceShape, rank: int, process_addresses: Sequence[str], port: int
-) -> dict[str, str]:
-    """Variables that let libtpu run one process per chip across a slice.
-
-    JAX's multi-process guide describes running several processes on one TPU host by
-    giving each its own chip (``TPU_VISIBLE_CHIPS``, which Ray sets per bundle), bounds of
-    one chip per process, the grid of processes over the whole slice, and every process's
-    address. Only used on real TPU hosts; the simulated slice runs JAX on the CPU.
-
-    Args:
-        shape: the slice's shape.
-        rank: this process's index (its chip's rank in the slice).
-        process_addresses: ``host:port`` of every chip's process, in rank order.
-        port: this process's own port (its entry in ``process_addresses``).
-
-    Raises:
-        ValueError: not one address per chip.
-    """
-    dims = [int(d) for d in shape.topology.split("x")]
-    bounds = dims + [1] * (3 - len(dims))
-    if len(process_addresses) != math.prod(bounds):
-        raise ValueError(
-            f"a {shape.label} slice has {math.prod(bounds)} chips, but "
-            f"{len(process_addresses)} process addresses were given"
-        )
-    return {
-        "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
-        "TPU_PROCESS_BOUNDS": ",".join(str(b) for b in bounds),
-        "TPU_PROCESS_ADDRESSES": ",".join(process_addresses),
-        "TPU_PROCESS_PORT": str(port),
-        "CLOUD_TPU_TASK_ID": str(rank),
-    }
