@@ -263,6 +263,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from workbench.tpu.cluster import local_cluster
     from workbench.tpu.doctor import run_checks
 
+    if args.mesh:
+        return _doctor_mesh(args)
     cluster = local_cluster([("v6e", "2x2")]) if args.simulated else None
     try:
         findings = run_checks(args.address)
@@ -272,6 +274,25 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for finding in findings:
         print(finding)
     return 1 if any(f.level == "error" for f in findings) else 0
+
+
+def _doctor_mesh(args: argparse.Namespace) -> int:
+    """Reserve the slice, join a learner per chip, print what each process got."""
+    from workbench.engine.mesh_doctor import check_mesh
+    from workbench.tpu.cluster import connect, local_cluster
+
+    shape = parse_shape(args.generation, args.topology)  # refused before any cluster starts
+    cluster = (local_cluster([(shape.generation.name, shape.topology)]) if args.simulated
+               else None)
+    try:
+        if cluster is None:
+            connect(_cluster_address(args))
+        report = check_mesh(shape.generation.name, shape.topology, args.timeout)
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
+    print("\n".join(report.lines()))
+    return 0 if report.ok else 1
 
 
 def _cluster_address(args: argparse.Namespace) -> str | None:
@@ -591,6 +612,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     doctor.add_argument("--address", help="Ray address (default: RAY_ADDRESS)")
     doctor.add_argument("--simulated", action="store_true",
                         help="check a freshly started simulated cluster instead")
+    doctor.add_argument("--mesh", action="store_true",
+                        help="reserve a slice, start a learner per chip and check that they "
+                             "form one mesh: each process's TPU environment, devices, "
+                             "process index and a psum over every chip")
+    doctor.add_argument("--generation", default="v6e", help="the slice --mesh checks")
+    doctor.add_argument("--topology", default="2x2", help="the slice --mesh checks")
+    doctor.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds --mesh waits for the learners to join")
     doctor.set_defaults(func=cmd_doctor)
 
     demo = sub.add_parser("demo", help="PPO on CartPole on an embedded simulated slice")
@@ -687,6 +716,7 @@ def _flag_fields(argv: list[str]) -> set[str]:
 def main(argv: list[str] | None = None) -> int:
     from workbench.engine.restarts import ChipLost
     from workbench.engine.stops import Terminated, handle_termination
+    from workbench.learn.joined_mesh import MeshMismatchError
     from workbench.learn.platform import DistributedStartError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -704,7 +734,7 @@ def main(argv: list[str] | None = None) -> int:
               f"checkpoint, and the slice was released.{resume}", file=sys.stderr)
         return 128 + terminated.signum
     except (CatalogError, ValueError, ClusterError, SliceUnavailableError,
-            DistributedStartError, ChipLost, ImportError) as error:
+            DistributedStartError, MeshMismatchError, ChipLost, ImportError) as error:
         print(f"workbench: {_one_line(error, _flag_fields(argv))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

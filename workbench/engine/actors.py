@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from workbench.engine.config import TrainConfig
 from workbench.engine.metrics import UpdateRecord
 from workbench.learn.heap import release_freed_memory
+from workbench.learn.joined_mesh import MeshView, check_same_state
 from workbench.learn.learner import LearnerSetup
+from workbench.tpu.process_env import ChipProcess
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,33 @@ class Checkpoints:
     """The run's identity (see :mod:`workbench.engine.checkpoint`), with the slice."""
     resume: bool = False
     """Continue from the newest checkpoint that checks out."""
+
+
+@dataclass(frozen=True)
+class JoinReport:
+    """What a chip's process answers once it has joined its slice's group."""
+
+    seconds: float
+    process: ChipProcess
+    """What it described of itself before the join."""
+    mesh: MeshView
+    """What it saw after."""
+
+
+TPU_PORT_BASE = 8476
+"""libtpu's port for the process holding chip c is this plus c, as pytorch/xla numbers
+them (``torch_xla/_internal/tpu.py``): unique on a host, never libtpu's default 8471
+(processes sharing a host collided there, ray-project/ray#66029), and the same for a
+chip on every run, so no two processes can pick one port at once."""
+
+
+def libtpu_port(visible_chips: str | None) -> int | None:
+    """The port for the process that holds the one chip ``visible_chips`` names."""
+    if visible_chips is None or not visible_chips.strip().isdigit():
+        return None
+    return TPU_PORT_BASE + int(visible_chips)
+
+
 log = logging.getLogger(__name__)
 
 RECORDS_KEPT = 1024
@@ -48,13 +77,26 @@ class ChipLearnerActor:
         """Held by a warm-up and by a run's set-up: a run that comes during the warm-up
         sets up after it, not beside it in the actor's second thread."""
 
-    def coordinator_address(self) -> str:
+    def describe_process(self):
+        """What this process is before JAX starts its backend: its host, the chip Ray
+        gave it (``TPU_VISIBLE_CHIPS``) and the ports it can offer (a
+        :class:`~workbench.tpu.process_env.ChipProcess`)."""
+        import os
+
         import ray
 
+        from workbench.learn.joined_mesh import tpu_environment
         from workbench.tpu.ports import free_port
 
         host = ray.util.get_node_ip_address()
-        return f"{host}:{free_port(host)}"
+        return ChipProcess(
+            rank=self.rank,
+            worker_id=int(os.environ.get("TPU_WORKER_ID", "0")),
+            address=host,
+            environment=dict(tpu_environment()),
+            tpu_port=libtpu_port(os.environ.get("TPU_VISIBLE_CHIPS")) or free_port(host),
+            coordinator_port=free_port(host),
+        )
 
     def platform(self) -> str:
         """The JAX platform of this host (``cpu`` on the simulated slice)."""
@@ -62,19 +104,50 @@ class ChipLearnerActor:
 
         return current_platform()
 
-    def join(self, coordinator: str, timeout_s: float) -> float:
+    def join(self, shape, timeout_s: float, *processes) -> JoinReport:
+        """Take this process's TPU environment from the slice's ``processes`` (what
+        :meth:`describe_process` gave on every chip), join the group, start the backend
+        and report what it sees of the mesh.
+
+        Raises:
+            ProcessLayoutError: the processes do not make one slice of ``shape``.
+        """
+        import os
+
         import ray
 
+        from workbench.learn.joined_mesh import ExpectedMesh, look_at_mesh
         from workbench.learn.platform import (
             configure_jax_platform,
             current_platform,
             join_distributed,
         )
+        from workbench.tpu.process_env import chip_layout
 
+        layout = chip_layout(shape, processes)
+        mine = layout.for_rank(self.rank)
+        # NOTE: before the platform is configured: libtpu reads these when the backend
+        # starts, and Ray's one-chip bounds would make this process a slice of its own.
+        mine.apply(os.environ)
         platform = current_platform()
         configure_jax_platform(platform)
         own = ray.util.get_node_ip_address() if platform == "cpu" else None
-        return join_distributed(coordinator, self.num_chips, self.rank, timeout_s, own)
+        seconds = join_distributed(layout.coordinator, self.num_chips, mine.process_id,
+                                   timeout_s, own)
+        expected = ExpectedMesh(devices=self.num_chips, processes=self.num_chips,
+                                process_index=mine.process_id, local_devices=1)
+        self.joined = JoinReport(seconds, processes[self.rank], look_at_mesh(self.rank, expected))
+        return self.joined
+
+    def join_report(self) -> JoinReport | None:
+        """What this process reported when it joined (None before)."""
+        return getattr(self, "joined", None)
+
+    def time_psum(self) -> tuple[float, float, float]:
+        """A psum over every chip of the joined group (see ``workbench doctor --mesh``)."""
+        from workbench.learn.joined_mesh import time_psum
+
+        return time_psum()
 
     def warm_up(self, plan, joined: float | None = None) -> None:
         """Set up and compile the learner of a run with ``plan`` (the defaults) as a run
@@ -201,6 +274,9 @@ class ChipLearnerActor:
                 metrics=outcome.metrics,
                 policy_versions=list(outcome.policy_versions),
             ))
+            if update == self.start_update:
+                # Once a run: a mesh that formed wrong shows here as chips that differ.
+                check_same_state(learner.digest())
             finished = outcome.stop or update + 1 == self.num_updates
             if outcome.checkpoint or finished:
                 # NOTE: every chip gets here after the same update (they agreed on it in the

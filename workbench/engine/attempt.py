@@ -15,6 +15,7 @@ from workbench.engine.restarts import ChipLost
 from workbench.engine.rollouts import rollout_layout, rollout_runs, start_keeper
 from workbench.engine.warm import LearnerGroup, keep, start_group, take
 from workbench.learn import sync as sync_strategies
+from workbench.learn.joined_mesh import MeshMismatchError
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,12 @@ class Attempt:
             lr.setup.remote(config, setup, config.mode, feed, self.board, checkpoints)
             for lr, feed in zip(self.learners, feeds, strict=True)
         ])
+        seen = sorted({answer["devices"] for answer in setups})
+        if seen != [num_chips]:
+            raise MeshMismatchError(
+                f"The learners of the {tpu_slice.shape.label} slice see {seen} devices, not "
+                f"its {num_chips} chips. Run `workbench doctor --mesh` on this cluster."
+            )
         self.profile["learners_set_up_s"] = round(time.monotonic() - started, 3)
         ray.get([lr.compile.remote() for lr in self.learners], timeout=600)
         if self._rollouts_set_up is not None:

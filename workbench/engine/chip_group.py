@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from workbench.engine.cluster_state import remote
 from workbench.learn.platform import DistributedStartError
+from workbench.tpu.process_env import ProcessLayoutError
 
 
 def attempt_prefix(tpu_slice, attempt: int) -> str:
@@ -26,21 +27,34 @@ def start_chip_actors(tpu_slice, actor_class, name: str) -> list:
     ]
 
 
-def issue_joins(actors: list, timeout_s: float) -> list:
-    """Ask every chip's actor (with ``coordinator_address()`` and ``join(coordinator,
-    timeout_s)``) to join one group coordinated by rank 0; returns the calls' refs.
-    Rank 0's address goes to the joins as a reference, so nothing here waits."""
-    coordinator = actors[0].coordinator_address.remote()
-    return [actor.join.remote(coordinator, timeout_s) for actor in actors]
+def issue_joins(actors: list, shape, timeout_s: float) -> list:
+    """Ask every chip's actor to join one group of the slice's ``shape``; returns the
+    calls' refs.
+
+    Every actor first describes its process (``describe_process()``: its host, its chip,
+    its ports); each join gets all of them and works out, with the same pure function,
+    its own TPU environment, its process index and the coordinator's address (see
+    :func:`workbench.tpu.process_env.chip_layout`). The descriptions go to the joins as
+    references, so nothing here waits.
+    """
+    processes = [actor.describe_process.remote() for actor in actors]
+    return [actor.join.remote(shape, timeout_s, *processes) for actor in actors]
 
 
-def wait_for_joins(joins: list, timeout_s: float) -> None:
-    """Wait for the joins :func:`issue_joins` asked for.
+def wait_for_joins(joins: list, timeout_s: float, slice_label: str) -> list:
+    """Wait for the joins :func:`issue_joins` asked for, and check that every learner sees
+    one mesh of the slice's chips; returns their :class:`~workbench.engine.actors.JoinReport`.
 
     Raises:
         DistributedStartError: naming the ranks that did not join in time.
+        ProcessLayoutError: the processes do not make one slice (a chip missing or given
+            twice, a port clash), said once.
+        MeshMismatchError: they joined, but some rank sees another mesh; names what each
+            rank saw.
     """
     import ray
+
+    from workbench.learn.joined_mesh import check_views
 
     ready, _ = ray.wait(joins, num_returns=len(joins), timeout=timeout_s + 30)
     missing = [rank for rank, ref in enumerate(joins) if ref not in ready]
@@ -50,4 +64,11 @@ def wait_for_joins(joins: list, timeout_s: float) -> None:
             f"jax.distributed group within {timeout_s:g} s. Check that their hosts are "
             "alive (wb.list_slices()) and retry, or raise distributed_timeout_s."
         )
-    ray.get(joins)
+    try:
+        reports = ray.get(joins)
+    except ray.exceptions.RayTaskError as error:
+        if isinstance(error.cause, ProcessLayoutError):
+            raise error.cause from None
+        raise
+    check_views([report.mesh for report in reports], slice_label)
+    return reports

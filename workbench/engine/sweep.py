@@ -161,11 +161,11 @@ class TrialsActor:
         self.rank = rank
         self._stop = False
 
-    def coordinator_address(self) -> str:
-        return self.chip.coordinator_address()
+    def describe_process(self):
+        return self.chip.describe_process()
 
-    def join(self, coordinator: str, timeout_s: float) -> float:
-        return self.chip.join(coordinator, timeout_s)
+    def join(self, shape, timeout_s: float, *processes):
+        return self.chip.join(shape, timeout_s, *processes)
 
     def setup(self, setup) -> float:
         """Build and compile this chip's share; returns the compile seconds."""
@@ -490,8 +490,8 @@ class _SweepRun:
         board = remote(SweepBoard, num_cpus=0, runtime_env=CPU_ONLY).options(
             scheduling_strategy=head_node_affinity()).remote()
         try:
-            wait_for_joins(issue_joins(actors, self.distributed_timeout_s),
-                           self.distributed_timeout_s)
+            wait_for_joins(issue_joins(actors, tpu_slice.shape, self.distributed_timeout_s),
+                           self.distributed_timeout_s, tpu_slice.shape.label)
             ray.get([a.setup.remote(setup) for a in actors], timeout=900)
             if not self.startup_s:
                 self.startup_s = time.monotonic() - self.started

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from workbench.engine.actors import ChipLearnerActor
 from workbench.engine.chip_group import (
@@ -47,9 +47,11 @@ class LearnerGroup:
 
     learners: list
     placement_group_id: str
-    platform_ref: object
+    slice_label: str
     join_refs: list
-    platform: str | None = None
+    joined: list = field(default_factory=list)
+    """Every learner's :class:`~workbench.engine.actors.JoinReport`, by rank, once joined:
+    what each saw of the mesh, checked against the slice."""
     rollout_keeper: object = None
     """The rollout actors' keeper, kept with the learners (None until a run or
     :func:`start_learners` starts one)."""
@@ -57,19 +59,17 @@ class LearnerGroup:
     """The :class:`~workbench.engine.rollouts.RolloutLayout` key they were started for."""
 
     def wait_joined(self, timeout_s: float) -> str:
-        """Block until every learner has joined; returns the learners' JAX platform.
+        """Block until every learner has joined and checked its mesh; returns the
+        learners' JAX platform.
 
         Raises:
             DistributedStartError: naming the ranks that did not join in time.
+            MeshMismatchError: they joined, but not into one mesh of the slice's chips.
         """
-        import ray
-
         if self.join_refs:
-            wait_for_joins(self.join_refs, timeout_s)
+            self.joined = wait_for_joins(self.join_refs, timeout_s, self.slice_label)
             self.join_refs = []
-        if self.platform is None:
-            self.platform = ray.get(self.platform_ref, timeout=60)
-        return self.platform
+        return self.joined[0].mesh.platform
 
     def rollouts_for(self, layout: RolloutLayout):
         """The kept rollout keeper if its actors are laid out as ``layout`` asks, else
@@ -98,8 +98,8 @@ def start_group(tpu_slice, attempt: int, distributed_timeout_s: float) -> Learne
     theirs."""
     learners = start_chip_actors(tpu_slice, ChipLearnerActor,
                                  f"{attempt_prefix(tpu_slice, attempt)}:learner")
-    return LearnerGroup(learners, _placement_group_id(tpu_slice), learners[0].platform.remote(),
-                        issue_joins(learners, distributed_timeout_s))
+    return LearnerGroup(learners, _placement_group_id(tpu_slice), tpu_slice.shape.label,
+                        issue_joins(learners, tpu_slice.shape, distributed_timeout_s))
 
 
 # The groups kept between runs, by slice. Weak: a slice nobody holds is released by its

@@ -74,6 +74,9 @@ def join_distributed(coordinator: str, num_processes: int, rank: int, timeout_s:
             initialization_timeout=max(1, int(timeout_s)),
             # A chip that stops answering aborts the group in seconds instead of minutes.
             heartbeat_timeout_seconds=10,
+            # Every value is given: on GKE, auto-detection would take the process id from
+            # TPU_WORKER_ID, which every process of a host shares.
+            cluster_detection_method="deactivate",
         )
     return time.monotonic() - started
 
@@ -100,10 +103,17 @@ def bind_cpu_collectives(address: str) -> None:
     xla_bridge.register_backend_factory("cpu", make_cpu_client, priority=0)
 
 
-def current_platform() -> str:
+def current_platform(sysfs_root: str = "/sys") -> str:
     """The JAX platform this process should use: the host's ``JAX_PLATFORMS`` if set
-    (the simulated hosts set ``cpu``), else ``tpu`` on a host with TPU devices."""
+    (the simulated hosts set ``cpu``), else ``tpu`` on a host with TPU chips on its PCI
+    bus (see :func:`workbench.learn.tpu_chips.has_tpu_chips`), else ``cpu``.
+
+    Args:
+        sysfs_root: where sysfs is mounted; tests point it at a fake tree.
+    """
+    from workbench.learn.tpu_chips import has_tpu_chips
+
     configured = os.environ.get("JAX_PLATFORMS", "")
     if configured:
         return configured.split(",")[0]
-    return "tpu" if os.path.exists("/dev/accel0") or os.path.isdir("/dev/vfio") else "cpu"
+    return "tpu" if has_tpu_chips(sysfs_root) else "cpu"

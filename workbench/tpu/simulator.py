@@ -37,15 +37,19 @@ log = logging.getLogger("workbench.tpu.simulator")
 LOOPBACK_NODE_IP = "127.0.0.1"
 LOCAL_ONLY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
-TPU_ENV_KEYS = ("TPU_NAME", "TPU_WORKER_ID", "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY")
+TPU_ENV_KEYS = ("TPU_NAME", "TPU_WORKER_ID", "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY",
+                "TPU_WORKER_HOSTNAMES")
 AGENT_PORTS = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port",
                "runtime_env_agent_port")
 
 
-def host_environment(shape: SliceShape, slice_name: str, worker_id: int) -> dict[str, str]:
+def host_environment(shape: SliceShape, slice_name: str, worker_id: int,
+                     node_ip: str = LOOPBACK_NODE_IP) -> dict[str, str]:
     """The variables GKE puts in every process of a TPU host; Ray reads them to label
-    the node and to answer ``ray.util.tpu`` queries from inside a worker."""
-    return {
+    the node and to answer ``ray.util.tpu`` queries from inside a worker. A multi-host
+    slice's hosts also learn every host's name (``TPU_WORKER_HOSTNAMES``, which KubeRay's
+    TPU webhook sets from the worker group's pods); here every host is ``node_ip``."""
+    environment = {
         "TPU_NAME": slice_name,
         "TPU_WORKER_ID": str(worker_id),
         "TPU_ACCELERATOR_TYPE": shape.pod_type,
@@ -53,6 +57,9 @@ def host_environment(shape: SliceShape, slice_name: str, worker_id: int) -> dict
         # The only difference from a real host: JAX runs on the CPU.
         "JAX_PLATFORMS": "cpu",
     }
+    if not shape.single_host:
+        environment["TPU_WORKER_HOSTNAMES"] = ",".join([node_ip] * shape.hosts)
+    return environment
 
 
 def simulated_slice_name(shape: SliceShape, index: int) -> str:
@@ -167,7 +174,7 @@ class Simulator:
             False,
             shape.chips_per_host * self.cpus_per_chip,
             {"TPU": float(shape.chips_per_host)},
-            host_environment(shape, slice_name, worker_id),
+            host_environment(shape, slice_name, worker_id, self.node_ip),
         )
         self.hosts.append(_Host(slice_name, worker_id, node))
         return {"slice": slice_name, "worker_id": worker_id, "node_id": node.node_id}
