@@ -8,10 +8,12 @@ as the learners of a simulated slice are, started twice on one cache directory.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+from workbench.learn import compile_cache
 from workbench.learn.compile_cache import program_key
 from workbench.tpu.ports import free_port
 
@@ -59,11 +61,13 @@ def _group_step(rank: int, port: int, directory: str) -> None:
                       "compiles": len(compiles)}))
 
 
-def _run_group(directory: Path) -> list[dict]:
+def _run_group(directory: Path, env: dict[str, str] | None = None) -> list[dict]:
     port = free_port("127.0.0.1")
+    environment = {**os.environ, **(env or {})}
     processes = [
         subprocess.Popen([sys.executable, __file__, str(rank), str(port), str(directory)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=environment)
         for rank in range(2)
     ]
     states = []
@@ -97,6 +101,55 @@ def test_a_damaged_program_file_is_compiled_again(tmp_path):
     assert [r["state"] for r in again] == [r["state"] for r in first]
     assert again[0]["compiles"] == 1, again
     assert saved.stat().st_size > 1000, "the damaged file was not replaced"
+
+
+def test_forced_per_rank_binaries_are_what_a_tpu_slice_keeps(tmp_path):
+    """With the per-rank switch the simulated group takes a real slice's path: rank 0
+    relies on JAX's cache, rank 1 compiles its own binary once and loads it later."""
+    per_rank = {compile_cache.PER_RANK_ENV: "1"}
+    first = _run_group(tmp_path, per_rank)
+    assert [r["compiles"] for r in first] == [1, 1], first
+    saved = sorted((tmp_path / "programs").iterdir())
+    assert [p.name.split("-")[0:3] for p in saved] == [["p1", "of", "2"]]
+    written = saved[0].stat().st_mtime_ns
+
+    second = _run_group(tmp_path, per_rank)
+    # Rank 0 asks the compiler again (JAX's own cache answers it); rank 1 loads its file.
+    assert [r["compiles"] for r in second] == [1, 0], second
+    assert saved[0].stat().st_mtime_ns == written, "rank 1's program was compiled again"
+    states = [[r["state"] for r in run] for run in (first, second)]
+    assert states[0] == states[1] and states[0][0] == states[0][1]
+
+
+def _runtime_key(monkeypatch, platform_version: str, libtpu_args: str | None) -> str:
+    monkeypatch.setattr(compile_cache, "_platform_version", lambda platform: platform_version)
+    if libtpu_args is None:
+        monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
+    else:
+        monkeypatch.setenv("LIBTPU_INIT_ARGS", libtpu_args)
+    return program_key("module @jit_step {}", 1, 4, compile_cache._runtime_description())
+
+
+def test_the_key_follows_libtpus_version_and_flags(monkeypatch):
+    """A new libtpu, or other LIBTPU_INIT_ARGS, can emit another binary from the same
+    program: neither may load a binary the other compiled."""
+    version = "PJRT C API\nTFRT TPU v5 lite\nBuilt on Jan 1 2026 (cl/1)"
+    key = _runtime_key(monkeypatch, version, None)
+    assert key == _runtime_key(monkeypatch, version, None)
+    assert key == _runtime_key(monkeypatch, version, "")
+    others = {
+        _runtime_key(monkeypatch, version.replace("cl/1", "cl/2"), None),
+        _runtime_key(monkeypatch, version, "--xla_tpu_enable_latency_hiding_scheduler=true"),
+        _runtime_key(monkeypatch, version, "--xla_tpu_enable_latency_hiding_scheduler=false"),
+    }
+    assert key not in others and len(others) == 3
+
+
+def test_the_platform_version_is_read_from_the_backend():
+    import jax
+
+    device = jax.local_devices()[0]
+    assert compile_cache._platform_version(device.platform) == device.client.platform_version
 
 
 def test_the_key_tells_programs_ranks_and_runtimes_apart():

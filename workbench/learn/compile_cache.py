@@ -6,6 +6,12 @@ simulated slice found nothing and compiled the update again on every start (6-8 
 two cores, all at once). Here compiled programs are kept through JAX's public executable
 serialization, keyed by the program's text: on the simulated slice one binary that rank 0
 compiles and every rank loads, elsewhere one per rank.
+
+``WORKBENCH_COMPILE_CACHE_PER_RANK=1`` in a process's environment makes it keep one binary
+per rank on the simulated slice too: the path a real TPU slice takes, which the simulation
+otherwise never runs. It is read each time a program is built, so every rank of a group
+must have the same value: in a group whose ranks disagree, the ranks that expect a shared
+binary wait up to ``SHARED_WAIT_S`` for one that rank 0 never announces, then compile.
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ def program_key(program_text: str, process_index: int | None, process_count: int
 
 
 def _runtime_description() -> str:
+    """What besides the program decides the binary the compiler emits, as one string."""
     import jax
     import jaxlib
 
@@ -77,7 +84,22 @@ def _runtime_description() -> str:
     return "|".join((
         jax.__version__, jaxlib.__version__, device.platform, device.device_kind,
         str(jax.local_device_count()), os.environ.get("XLA_FLAGS", ""),
+        # On TPU the compiler is libtpu's, not jaxlib's: its build is in the backend's
+        # platform version, and its flags come from LIBTPU_INIT_ARGS (JAX's own cache key
+        # hashes both too).
+        _platform_version(device.platform), os.environ.get("LIBTPU_INIT_ARGS", ""),
     ))
+
+
+def _platform_version(platform: str) -> str:
+    """The backend's own description of its build (libtpu's version on TPU)."""
+    from jax.extend.backend import get_backend
+
+    return get_backend(platform).platform_version
+
+
+PER_RANK_ENV = "WORKBENCH_COMPILE_CACHE_PER_RANK"
+"""Set (to anything but ``0``) to keep one binary per rank on the simulated slice too."""
 
 
 def _one_binary_for_all_ranks() -> bool:
@@ -88,10 +110,13 @@ def _one_binary_for_all_ranks() -> bool:
     (the device assignment in it is the group's, not the process's): so rank 0 compiles
     and the others load, instead of every chip process compiling the same update at once
     on a few shared cores. Elsewhere (a TPU slice's hosts have a cache folder each) every
-    rank keeps its own binary.
+    rank keeps its own binary, and so does the simulated slice with
+    ``WORKBENCH_COMPILE_CACHE_PER_RANK=1`` (see the module's docstring).
     """
     import jax
 
+    if os.environ.get(PER_RANK_ENV, "") not in ("", "0"):
+        return False
     return jax.process_count() > 1 and jax.local_devices()[0].platform == "cpu"
 
 
