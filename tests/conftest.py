@@ -1,10 +1,17 @@
 """Shared fixtures: one simulated GKE TPU cluster for the whole session (starting one
-costs tens of seconds on a 2-core machine), with the slices the tests contend for."""
+costs tens of seconds on a 2-core machine), with the slices the tests contend for.
+
+Two tiers: a test that starts or joins a Ray cluster, or trains for long, is marked
+``slow``; ``-m "not slow"`` runs the rest in minutes. The hooks below fail an unmarked
+test that asks for a cluster fixture, calls ``ray.init`` or starts the simulator or a
+``ray start`` node, so a forgotten marker shows instead of slowing the fast tier."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
+import subprocess
 import threading
 
 import pytest
@@ -47,6 +54,83 @@ def cluster(sim_cluster):
     assert live_placement_groups() == [], "a previous test left a placement group behind"
     yield sim_cluster
     assert live_placement_groups() == [], "this test left a placement group behind"
+
+
+# -- the fast tier: no Ray cluster without the slow marker -------------------------------
+
+# Fixtures that start or join a Ray cluster (the session's simulated one, and
+# test_ray_client's `ray start` one); any fixture built on them is in a test's closure too.
+CLUSTER_FIXTURES = frozenset({"sim_cluster", "cluster", "kuberay"})
+_GUARDS = pytest.StashKey[pytest.MonkeyPatch]()
+
+
+def _not_slow(item: pytest.Item, what: str) -> str:
+    return (f"{item.nodeid} {what}, but is not marked slow. A test that starts or joins a "
+            "Ray cluster belongs to the slow tier, which `-m \"not slow\"` leaves out: "
+            "mark it @pytest.mark.slow (or its module: pytestmark = pytest.mark.slow).")
+
+
+def _cluster_command(args) -> str | None:
+    """What a command line starts, if it is the simulator or a `ray start` node."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        argv = os.fsdecode(args).split()
+    else:
+        argv = [os.fsdecode(a) for a in args]
+    if any(a == "workbench.tpu.simulator" or a.endswith("workbench/tpu/simulator.py")
+           for a in argv):
+        return "the simulated cluster (workbench.tpu.simulator)"
+    if len(argv) > 1 and os.path.basename(argv[0]) == "ray" and argv[1] == "start":
+        return "a Ray node (`ray start`)"
+    return None
+
+
+def _install_guards(item: pytest.Item) -> pytest.MonkeyPatch:
+    """ray.init, and starting the simulator or a `ray start` node, fail the test."""
+    guards = pytest.MonkeyPatch()
+
+    def refuse_init(*args, **kwargs):
+        pytest.fail(_not_slow(item, "called ray.init (it connects to a Ray cluster, or starts "
+                                    "one)"), pytrace=False)
+
+    import ray._private.worker
+
+    guards.setattr(ray, "init", refuse_init)
+    guards.setattr(ray._private.worker, "init", refuse_init)
+    popen_init = subprocess.Popen.__init__
+
+    @functools.wraps(popen_init)
+    def checked_popen_init(self, *args, **kwargs):
+        started = _cluster_command(args[0] if args else kwargs.get("args", ()))
+        if started:
+            pytest.fail(_not_slow(item, f"starts {started}"), pytrace=False)
+        popen_init(self, *args, **kwargs)
+
+    guards.setattr(subprocess.Popen, "__init__", checked_popen_init)
+    return guards
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before any fixture of an unmarked test is set up: it asks for no cluster fixture
+    (directly or through another fixture), and, through its setup and call, it cannot
+    connect Ray or start a cluster's processes."""
+    if item.get_closest_marker("slow") is not None:
+        return
+    asked = sorted(CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())))
+    if asked:
+        pytest.fail(_not_slow(item, f"uses the Ray cluster fixture {', '.join(asked)}"),
+                    pytrace=False)
+    item.stash[_GUARDS] = _install_guards(item)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    # Off before teardown: a session or module fixture's teardown (stopping the session
+    # cluster) can fall in an unmarked test's teardown.
+    guards = item.stash.get(_GUARDS, None)
+    if guards is not None:
+        guards.undo()
+        del item.stash[_GUARDS]
 
 
 def live_placement_groups() -> list[str]:

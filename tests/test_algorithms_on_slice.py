@@ -49,12 +49,14 @@ def _one_state(result) -> None:
 
 # ---- learning, in one process -----------------------------------------------------------
 
+@pytest.mark.slow
 def test_ppo_with_a_gaussian_policy_learns_pendulum():
     done = train_in_process(TrainConfig(**PENDULUM, total_env_steps=200_000, seed=0), chips=4)
     # A random policy scores about -1200; the benchmark's bar over 300k steps is -250.
     assert _last_100(done.curve) > -500, done.curve[-1]
 
 
+@pytest.mark.slow
 def test_impala_learns_cartpole_from_batches_two_versions_old():
     config = TrainConfig(env="CartPole-v1", algo="impala", policy_lag=2,
                          total_env_steps=200_000, eval_every=0, seed=0)
@@ -66,6 +68,7 @@ def test_impala_learns_cartpole_from_batches_two_versions_old():
     assert all(v == [u - 2] for u, v in enumerate(done.policy_versions) if u >= 2)
 
 
+@pytest.mark.slow
 def test_pqn_reaches_cartpoles_target_in_anakin_mode():
     config = TrainConfig(env="workbench/CartPole-v1", mode="anakin", algo="pqn",
                          total_env_steps=500_000, stop_at_target=True, seed=0)
@@ -73,6 +76,7 @@ def test_pqn_reaches_cartpoles_target_in_anakin_mode():
     assert done.train_target is not None and done.final_return >= 400
 
 
+@pytest.mark.slow
 def test_minatar_from_gymnax_learns_in_anakin_mode():
     config = TrainConfig(env="gymnax:Breakout-MinAtar", mode="anakin", envs_per_chip=64,
                          rollout_length=32, total_env_steps=150_000, eval_every=0, seed=0)
@@ -85,6 +89,7 @@ def test_minatar_from_gymnax_learns_in_anakin_mode():
 
 # ---- on the slice -------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_continuous_actions_and_brax_on_the_slice(two_by_two):
     result = train(two_by_two, TrainConfig(**PENDULUM, total_env_steps=3 * 4 * 4 * 128))
     assert result.updates == 3 and result.target_return is None  # Pendulum has none
@@ -107,6 +112,7 @@ def test_continuous_actions_and_brax_on_the_slice(two_by_two):
     _one_state(result)
 
 
+@pytest.mark.slow
 def test_pqn_and_minatar_in_anakin_mode_on_the_slice(two_by_two):
     for env, algo in (("workbench/CartPole-v1", "pqn"), ("gymnax:Breakout-MinAtar", "ppo")):
         result = train(two_by_two, TrainConfig(
@@ -140,6 +146,7 @@ class LineEnv(gym.Env):
         return self._obs(), float(done), done, self.t >= 20 and not done, {}
 
 
+@pytest.mark.slow
 def test_env_kwargs_wrappers_and_an_env_registered_only_here_reach_the_actors(two_by_two):
     if "test/Line-v0" not in gym.registry:
         gym.register("test/Line-v0", entry_point=LineEnv)

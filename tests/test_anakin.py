@@ -77,6 +77,7 @@ def test_same_seed_same_learning_and_catch_learned_to_its_optimum():
     assert evaluator.evaluate(first.policy_numpy(), episodes=50) == [1.0] * 50
 
 
+@pytest.mark.slow
 def test_anakin_refuses_an_env_that_is_not_jax(cluster):
     import workbench as wb
     from workbench.engine import train
@@ -163,6 +164,7 @@ class Corridor:
         return image
 
 
+@pytest.mark.slow
 def test_a_jax_env_registered_by_the_user_trains_in_anakin_mode(cluster):
     import workbench as wb
     from workbench.engine import train

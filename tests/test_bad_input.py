@@ -151,6 +151,7 @@ def test_reserving_without_a_cluster_says_how_to_get_one():
 
 # -- reserving a slice -------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("options", "expected"),
     [
@@ -171,12 +172,14 @@ def test_bad_reserve_arguments_hold_nothing(cluster, options, expected):
     assert expected in str(caught.value)
 
 
+@pytest.mark.slow
 def test_an_injection_attempt_as_topology_reserves_nothing(cluster):
     with pytest.raises(wb.CatalogError) as caught:
         wb.reserve("v6e", "2x2; rm -rf /", timeout_s=5)
     assert "'2x2; rm -rf /' is not of the form AxB" in str(caught.value)
 
 
+@pytest.mark.slow
 def test_a_shape_the_cluster_lacks_names_it_and_what_exists(cluster):
     with pytest.raises(wb.SliceUnavailableError) as caught:
         wb.reserve("v5p", "2x2x1", timeout_s=1)
@@ -187,6 +190,7 @@ def test_a_shape_the_cluster_lacks_names_it_and_what_exists(cluster):
     assert "What to do:" in message
 
 
+@pytest.mark.slow
 def test_a_chip_rank_outside_the_slice_is_refused(cluster):
     with wb.reserve("v6e", "2x2", timeout_s=30) as tpu_slice:
         for rank in (4, -1, "0", True):
@@ -227,6 +231,7 @@ def two_by_two(cluster):
     assert set(live_actors()) == actors  # no learner or rollout actor was left running
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("fields", "expected"),
     [
@@ -242,6 +247,7 @@ def test_train_refuses_before_starting_any_actor(two_by_two, fields, expected):
     assert all(part in str(caught.value) for part in expected), str(caught.value)
 
 
+@pytest.mark.slow
 def test_train_on_a_released_slice_says_to_reserve_again(two_by_two):
     two_by_two.release()
     with pytest.raises(ValueError) as caught:
@@ -249,6 +255,7 @@ def test_train_on_a_released_slice_says_to_reserve_again(two_by_two):
     assert "This slice has been released; reserve a slice" in str(caught.value)
 
 
+@pytest.mark.slow
 def test_train_on_a_slice_with_one_cpu_per_chip_says_to_reserve_two(cluster):
     with wb.reserve("v6e", "2x2", timeout_s=30, cpus_per_chip=1) as tpu_slice, \
             pytest.raises(ValueError) as caught:

@@ -139,6 +139,7 @@ def test_binder_files_pin_every_runtime_dependency_of_the_project():
     assert os.access(BINDER / "postBuild", os.X_OK), "repo2docker runs postBuild only if executable"
 
 
+@pytest.mark.slow
 def test_the_quickstart_runs_in_an_environment_built_from_the_binder_files(binder_env,
                                                                             monkeypatch):
     python, cwd = binder_env["python"], binder_env["cwd"]

@@ -146,6 +146,7 @@ def _topology_options(picker) -> list[str]:
     )
 
 
+@pytest.mark.slow
 def test_quickstart_picker_renders_and_follows_the_generation(jupyterlab):
     from playwright.sync_api import expect, sync_playwright
 

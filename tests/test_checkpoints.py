@@ -24,6 +24,9 @@ from workbench.algos.ppo import PPOConfig
 from workbench.engine import TrainConfig, checkpoint, train
 from workbench.engine.plan import plan_run
 
+# Every test here trains on the session cluster: the slow tier.
+pytestmark = pytest.mark.slow
+
 WORKBENCH = str(Path(sys.executable).with_name("workbench"))
 # 4 chips x 8 envs x 32 steps = 1024 env steps per update.
 SMALL = dict(envs_per_chip=8, rollout_length=32, eval_every=0, eval_episodes=4,

@@ -6,9 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from workbench.tpu.doctor import check_driver_tpu, check_widgets, run_checks
 
 
+@pytest.mark.slow
 def test_doctor_reports_versions_and_every_slice(cluster):
     findings = run_checks()
     text = "\n".join(str(f) for f in findings)
@@ -52,6 +55,7 @@ def test_doctor_without_any_address_says_what_to_do(monkeypatch):
     assert "No Ray cluster address" in env_free.stdout and "local_cluster" in env_free.stdout
 
 
+@pytest.mark.slow
 def test_a_command_reaches_the_simulated_cluster_by_its_loopback_address(cluster):
     """A second process (a terminal beside the notebook that started the cluster) joins by
     the address alone: it is known by the loopback address too, so Ray does not name it by

@@ -42,6 +42,7 @@ def trained_cartpole(two_by_two, tmp_path_factory):
     return train(two_by_two, config)
 
 
+@pytest.mark.slow
 def test_a_sweep_runs_every_trial_of_a_grid_in_one_program_per_chip(two_by_two, tmp_path):
     seen: list[tuple[int, int]] = []
     config = TrainConfig(**CATCH, total_env_steps=60 * 8 * 16, seed=0,
@@ -67,6 +68,7 @@ def test_a_sweep_runs_every_trial_of_a_grid_in_one_program_per_chip(two_by_two, 
     assert (tmp_path / "bands.png").stat().st_size > 5000
 
 
+@pytest.mark.slow
 def test_a_sweep_trial_is_the_run_its_seed_makes_on_one_chip(two_by_two, tmp_path):
     config = TrainConfig(**CATCH, total_env_steps=3 * 8 * 16, seed=4,
                          algo_config=PPOConfig(learning_rate=2e-3))
@@ -79,6 +81,7 @@ def test_a_sweep_trial_is_the_run_its_seed_makes_on_one_chip(two_by_two, tmp_pat
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-4, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_a_stopped_sweep_ends_after_its_current_update_and_each_trial_is_tracked(two_by_two,
                                                                                  tmp_path):
     from mlflow.tracking import MlflowClient
@@ -126,6 +129,7 @@ def _suspend_chip_1(stopped: list):
     return hang_chip_1
 
 
+@pytest.mark.slow
 def test_a_chip_that_stops_answering_has_its_program_run_again(two_by_two, tmp_path):
     before = set(live_actors())
     config = TrainConfig(**CATCH, total_env_steps=40 * 8 * 16, progress_timeout_s=5,
@@ -154,6 +158,7 @@ def test_a_chip_that_stops_answering_has_its_program_run_again(two_by_two, tmp_p
     assert set(live_actors()) <= before
 
 
+@pytest.mark.slow
 def test_a_chip_that_stops_answering_fails_the_sweep_instead_of_hanging_it(two_by_two,
                                                                          tmp_path):
     import time
@@ -180,6 +185,7 @@ def test_a_chip_that_stops_answering_fails_the_sweep_instead_of_hanging_it(two_b
         assert all(p.status() == psutil.STATUS_ZOMBIE for p in alive)
 
 
+@pytest.mark.slow
 def test_tensorboard_reads_a_tracked_run_without_tensorflow(trained_cartpole):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
@@ -200,6 +206,7 @@ def test_tensorboard_reads_a_tracked_run_without_tensorflow(trained_cartpole):
     assert hparams["algo_config.learning_rate"].number_value == pytest.approx(5e-4)
 
 
+@pytest.mark.slow
 def test_eval_plays_the_trained_policy_and_draws_it(trained_cartpole, tmp_path):
     gif, record = tmp_path / "episode.gif", tmp_path / "eval.json"
     done = subprocess.run([WORKBENCH, "eval", trained_cartpole.run_dir, "--episodes", "10",
@@ -217,6 +224,7 @@ def test_eval_plays_the_trained_policy_and_draws_it(trained_cartpole, tmp_path):
     assert evaluated["mean_return"] > 20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -256,6 +264,7 @@ def _replica_nodes() -> set[str]:
             if "ServeReplica" in a["ActorClassName"] and a["State"] == "ALIVE"}
 
 
+@pytest.mark.slow
 def test_a_served_policy_answers_good_requests_and_refuses_bad_ones(trained_cartpole,
                                                                     two_by_two):
     from workbench.engine.serving import serve_policy
@@ -315,6 +324,7 @@ def _settled_free_chips() -> float:
     return last
 
 
+@pytest.mark.slow
 def test_replicas_on_chips_hold_one_chip_each_while_serving(trained_cartpole, two_by_two):
     import time
 
@@ -345,6 +355,7 @@ def test_replicas_on_chips_hold_one_chip_each_while_serving(trained_cartpole, tw
         time.sleep(0.5)
 
 
+@pytest.mark.slow
 def test_workbench_serve_answers_over_http_and_stops_cleanly_on_sigterm(trained_cartpole):
     """The command a user runs: its own local Ray, loopback HTTP, and SIGTERM (what a pod
     gets) ends it with the application and every process it started gone."""

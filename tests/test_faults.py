@@ -23,6 +23,9 @@ from conftest import live_actor_names, live_actors, live_placement_groups
 import workbench as wb
 from workbench.engine import TrainConfig, checkpoint, train
 
+# Every test here trains on the session cluster through a fault: the slow tier.
+pytestmark = pytest.mark.slow
+
 ANAKIN_CARTPOLE = dict(env="workbench/CartPole-v1", mode="anakin", total_env_steps=600_000,
                        stop_at_target=True, eval_every=0)
 

@@ -9,11 +9,15 @@ import socket
 import time
 
 import psutil
+import pytest
 import ray
 from conftest import live_actors
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 import workbench as wb
+
+# Every test here scans the session cluster's processes: the slow tier.
+pytestmark = pytest.mark.slow
 
 
 def _is_loopback(ip: str) -> bool:

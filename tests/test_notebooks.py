@@ -104,6 +104,7 @@ def test_every_notebook_has_a_parameters_cell_and_no_outputs():
 RUN_ELSEWHERE = {"01_quickstart.ipynb"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in _notebooks() if n not in RUN_ELSEWHERE])
 def test_notebook_runs_and_meets_its_bars(name, cluster):
     parameters = {"address": cluster.address, "node_ip": cluster.node_ip,
@@ -142,6 +143,7 @@ def _expected_message(**bad) -> tuple[str, str]:
     return "CatalogError", str(error.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "bad",
     [{"generation": "v9"}, {"topology": "9x9"}, {"total_env_steps": 0}],
@@ -158,6 +160,7 @@ def test_bad_parameters_fail_with_a_readable_message(bad, cluster):
     # The `cluster` fixture then checks that no placement group was left behind.
 
 
+@pytest.mark.slow
 def test_stop_button_and_interrupt_end_training_cleanly(cluster, tmp_path, python_ctrl_c):
     config = TrainConfig(total_env_steps=5_000_000, envs_per_chip=8, rollout_length=32,
                          eval_every=0, eval_episodes=4, seed=3, checkpoint_dir=str(tmp_path))
@@ -201,6 +204,7 @@ def _wait_until(condition, timeout_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_picker_reserves_shows_contention_and_releases(cluster):
     first = ui.SlicePicker("v6e", "2x4", timeout_s=60)
     second = ui.SlicePicker("v6e", "2x4", timeout_s=2)
@@ -244,6 +248,7 @@ run = ui.start_training(tpu_slice, config, show=False, release_slice=True)
 """
 
 
+@pytest.mark.slow
 def test_shutting_the_kernel_down_stops_training_checkpoints_and_releases(cluster, tmp_path):
     """A kernel shut down (JupyterLab's "Shut Down Kernel") while a run trains in it."""
     from jupyter_client.manager import start_new_kernel

@@ -44,6 +44,7 @@ def test_the_wheel_holds_every_package_the_envs_and_the_license(wheel):
     assert not any("/tests/" in name or name.startswith("tests/") for name in names)
 
 
+@pytest.mark.slow
 def test_a_fresh_environment_from_the_wheel_runs_the_demo_elsewhere(wheel, tmp_path):
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", venv])

@@ -21,6 +21,9 @@ from kuberay_like import start_cluster
 
 from workbench import ui
 
+# Every test here drives a cluster started with `ray start`: the slow tier.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKBENCH = str(Path(sys.executable).with_name("workbench"))
 

@@ -71,6 +71,7 @@ def _all_given_back(tpu_slice, actors_before: set[str], timeout_s: float = 15.0)
     return True
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_cli_keeps_a_checkpoint_the_next_command_resumes_from(sim_cluster,
                                                                            tmp_path):
     """``workbench train --engine rllib`` as a pod runs it: SIGTERM mid-run (GKE evicting
@@ -122,6 +123,7 @@ def test_sigterm_to_the_cli_keeps_a_checkpoint_the_next_command_resumes_from(sim
     assert set(live_actor_names()) <= actors_before
 
 
+@pytest.mark.slow
 def test_dqn_sac_and_appo_train_through_the_slices_placement(two_by_two):
     """One iteration each (RLlib's defaults): RLlib's value-based, continuous-action and
     asynchronous algorithms through the same placement. APPO takes two chips and an env
@@ -153,6 +155,7 @@ def test_dqn_sac_and_appo_train_through_the_slices_placement(two_by_two):
         assert ray.util.placement_group_table(two_by_two.placement_group)["state"] == "CREATED"
 
 
+@pytest.mark.slow
 def test_a_killed_env_runner_comes_back_and_a_killed_learner_restarts_from_a_checkpoint(
         two_by_two, tmp_path):
     def live(class_name: str) -> dict[str, dict]:
@@ -195,6 +198,7 @@ def test_a_killed_env_runner_comes_back_and_a_killed_learner_restarts_from_a_che
     assert _all_given_back(two_by_two, actors_before)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change, words", [
     (lambda c: c.env_runners(num_env_runners=5), "at most 4 env runners"),
     (lambda c: c.learners(num_learners=5), "the slice has 4 chips"),

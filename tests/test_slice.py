@@ -12,6 +12,9 @@ from conftest import live_actors, live_placement_groups
 import workbench as wb
 from workbench.tpu.placement import probe_chips
 
+# Every test here uses a simulated cluster (the session's or its own): the slow tier.
+pytestmark = pytest.mark.slow
+
 
 def test_cluster_nodes_look_like_gke_tpu_hosts(cluster):
     hosts = [n for n in ray.nodes() if n["Alive"] and "ray.io/tpu-pod-type" in n["Labels"]]

@@ -6,6 +6,11 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
+# Every test here trains on the session cluster: the slow tier.
+pytestmark = pytest.mark.slow
+
 SOAK = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
 
 
