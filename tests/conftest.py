@@ -12,10 +12,9 @@ import functools
 import os
 import signal
 import subprocess
-import threading
 
 import pytest
-import ray
+from support.cluster_state import live_actors, live_placement_groups
 
 import workbench as wb
 
@@ -54,6 +53,35 @@ def cluster(sim_cluster):
     assert live_placement_groups() == [], "a previous test left a placement group behind"
     yield sim_cluster
     assert live_placement_groups() == [], "this test left a placement group behind"
+
+
+# -- slices the tests train on ------------------------------------------------------
+
+def _reserve_two_by_two():
+    # 2 CPUs per chip: a learner and a rollout actor beside each chip.
+    return wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2)
+
+
+@pytest.fixture(scope="module")
+def two_by_two(sim_cluster):
+    """A v6e 2x2 (4 chips on 1 host, 2 CPUs per chip) that a module's tests share:
+    reserved when the first of them asks for it, released after the module's last. The
+    session cluster has two, so a test can still reserve the other. A module can extend
+    it with a fixture of the same name that asks for it (test_engine.py starts the
+    slice's learners that way)."""
+    with _reserve_two_by_two() as tpu_slice:
+        yield tpu_slice
+
+
+@pytest.fixture
+def fresh_two_by_two(cluster):
+    """A v6e 2x2 like ``two_by_two``, but reserved for one test alone, which may release
+    it. After the test, no actor it started (a learner, a rollout actor, a metrics board)
+    is left running, and (``cluster``) no placement group."""
+    actors = set(live_actors())
+    with _reserve_two_by_two() as tpu_slice:
+        yield tpu_slice
+    assert set(live_actors()) == actors, "the test left an actor running on its slice"
 
 
 # -- the fast tier: no Ray cluster without the slow marker -------------------------------
@@ -131,59 +159,6 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     if guards is not None:
         guards.undo()
         del item.stash[_GUARDS]
-
-
-def live_placement_groups() -> list[str]:
-    table = ray.util.placement_group_table()
-    return [pg_id for pg_id, pg in table.items() if pg["state"] != "REMOVED"]
-
-
-def live_actors() -> list[str]:
-    return list(live_actor_names())
-
-
-def live_actor_names() -> dict[str, str]:
-    """Every live actor's id and its name ("" for an unnamed one)."""
-    return {actor_id: a.get("Name", "") for actor_id, a in live_actor_records().items()}
-
-
-def live_actor_records() -> dict[str, dict]:
-    """Every live actor's record in the GCS actor table (name, class, pid...), by id."""
-    # The GCS actor table: the state API proper needs the dashboard, which the simulated
-    # cluster leaves off to save memory.
-    from ray._private.state import actors
-
-    return {actor_id: a for actor_id, a in actors().items() if a["State"] != "DEAD"}
-
-
-def watch_stderr(process, lines: list[str]) -> threading.Thread:
-    """Collect a child's stderr into ``lines`` as it comes, in a thread."""
-    # Chunks, not lines: the progress bar redraws with carriage returns.
-    def read() -> None:
-        while chunk := os.read(process.stderr.fileno(), 4096):
-            lines.append(chunk.decode(errors="replace"))
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    return thread
-
-
-def start_until_progress(command: list[str], env: dict, timeout_s: float = 240.0):
-    """Start a training command and wait until its progress bar shows a return (its first
-    update is done); returns the process and its stderr so far (still growing)."""
-    import subprocess
-    import time
-
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, env=env)
-    lines: list[str] = []
-    watch_stderr(process, lines)
-    deadline = time.monotonic() + timeout_s
-    while not any("ret=" in line for line in lines):
-        assert process.poll() is None, "".join(lines)
-        assert time.monotonic() < deadline, "".join(lines)
-        time.sleep(0.5)
-    return process, lines
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import workbench as wb
 from workbench.algos.ppo import PPOConfig
 from workbench.engine import TrainConfig, train
 from workbench.engine.in_process import train_in_process
@@ -31,12 +30,6 @@ PENDULUM_PPO = PPOConfig(learning_rate=1e-3, gamma=0.9, num_epochs=10, num_minib
                          normalize_observations=True, scale_rewards=True, ent_coef=0.0)
 PENDULUM = dict(env="Pendulum-v1", algo_config=PENDULUM_PPO, envs_per_chip=4,
                 rollout_length=128, eval_every=0, eval_episodes=5)
-
-
-@pytest.fixture(scope="module")
-def two_by_two(sim_cluster):
-    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-        yield tpu_slice
 
 
 def _last_100(curve: list[dict]) -> float:

@@ -12,7 +12,7 @@ from typing import ClassVar
 import jax
 import numpy as np
 import pytest
-from conftest import live_actors
+from support.cluster_state import live_actors
 
 from workbench.algos import Spaces
 from workbench.algos.normalize import init_stats

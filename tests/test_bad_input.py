@@ -11,7 +11,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import live_actors
 
 import workbench as wb
 from workbench.engine import TrainConfig, train
@@ -223,14 +222,6 @@ def test_a_config_that_cannot_work_names_the_field(fields, expected):
     assert expected in str(caught.value)
 
 
-@pytest.fixture
-def two_by_two(cluster):
-    actors = set(live_actors())
-    with wb.reserve("v6e", "2x2", timeout_s=30, cpus_per_chip=2) as tpu_slice:
-        yield tpu_slice
-    assert set(live_actors()) == actors  # no learner or rollout actor was left running
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("fields", "expected"),
@@ -241,17 +232,17 @@ def two_by_two(cluster):
          ["rollout_actors_per_host=3 does not divide the 4 chips", "use a divisor of 4"]),
     ],
 )
-def test_train_refuses_before_starting_any_actor(two_by_two, fields, expected):
+def test_train_refuses_before_starting_any_actor(fresh_two_by_two, fields, expected):
     with pytest.raises(ValueError) as caught:
-        train(two_by_two, TrainConfig(total_env_steps=1024, **fields))
+        train(fresh_two_by_two, TrainConfig(total_env_steps=1024, **fields))
     assert all(part in str(caught.value) for part in expected), str(caught.value)
 
 
 @pytest.mark.slow
-def test_train_on_a_released_slice_says_to_reserve_again(two_by_two):
-    two_by_two.release()
+def test_train_on_a_released_slice_says_to_reserve_again(fresh_two_by_two):
+    fresh_two_by_two.release()
     with pytest.raises(ValueError) as caught:
-        train(two_by_two, TrainConfig(total_env_steps=1024))
+        train(fresh_two_by_two, TrainConfig(total_env_steps=1024))
     assert "This slice has been released; reserve a slice" in str(caught.value)
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from conftest import live_actors, live_placement_groups, start_until_progress
+from support.cluster_state import live_actors, live_placement_groups
+from support.processes import start_until_progress
 
 import workbench as wb
 from workbench.algos.ppo import PPOConfig
@@ -47,12 +48,6 @@ def _stop_after(update: int):
 
 def _rows(result, after: int) -> list[tuple]:
     return [tuple(row.get(k) for k in COMPARED) for row in result.curve if row["update"] > after]
-
-
-@pytest.fixture(scope="module")
-def two_by_two(sim_cluster):
-    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-        yield tpu_slice
 
 
 @pytest.mark.parametrize(("mode", "env"), [("anakin", "workbench/CartPole-v1"),

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 
 import pytest
+import ray
 
 from workbench.tpu.doctor import check_driver_tpu, check_widgets, run_checks
 
@@ -16,8 +18,18 @@ def test_doctor_reports_versions_and_every_slice(cluster):
     findings = run_checks()
     text = "\n".join(str(f) for f in findings)
     assert all(f.level == "ok" for f in findings), text
-    assert "reachable" in text and "Ray 2." in text
-    assert text.count("Slice sim-v6e-4-") == 2 and "sim-v6e-16-0 (v6e 4x4" in text
+    versions = f"Ray {ray.__version__} on Python {platform.python_version()}"
+    # After this process's own checks: the cluster, its versions, and every slice of the
+    # session cluster (in the order list_slices gives), each with its hosts, and free.
+    assert [f.message for f in findings[2:]] == [
+        "The Ray cluster is reachable.",
+        f"{versions} here and in the cluster.",
+        "Slice sim-v5p-16-4 (v5p 2x2x2, v5p-16, 2/2 hosts, free).",
+        "Slice sim-v6e-4-2 (v6e 2x2, v6e-4, 1/1 hosts, free).",
+        "Slice sim-v6e-4-3 (v6e 2x2, v6e-4, 1/1 hosts, free).",
+        "Slice sim-v6e-8-1 (v6e 2x4, v6e-8, 1/1 hosts, free).",
+        "Slice sim-v6e-16-0 (v6e 4x4, v6e-16, 4/4 hosts, free).",
+    ], text
 
 
 def test_doctor_says_this_process_holds_no_tpu_and_widgets_are_installed():

@@ -11,13 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import ray
-from conftest import live_actor_names, live_actor_records, live_actors
+from support.cluster_state import live_actor_names, live_actor_records, live_actors
 
 import workbench as wb
 from workbench.algos import DISCRETE, Agent, Algorithm
 from workbench.algos import ppo as ppo_module
 from workbench.algos.networks import ActorCritic
 from workbench.engine import TrainConfig, checkpoint, train
+from workbench.learn.evaluation import GreedyEvaluator
 
 # 4 chips x 8 envs x 32 steps = 1024 env steps per update: 3 updates.
 SMALL = dict(total_env_steps=3 * 1024, envs_per_chip=8, rollout_length=32, eval_every=1,
@@ -40,13 +41,12 @@ def first_run(sim_cluster, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def two_by_two(sim_cluster):
-    """One slice for the module's other runs: its learners and rollout actors started
-    right after the reservation (as the slice picker does), then each run takes the ones
-    the run before it kept warm."""
-    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-        wb.start_learners(tpu_slice)
-        yield tpu_slice
+def two_by_two(two_by_two):
+    """The shared 2x2 (conftest.py) for the module's other runs: its learners and rollout
+    actors started right after the reservation (as the slice picker does), then each run
+    takes the ones the run before it kept warm."""
+    wb.start_learners(two_by_two)
+    return two_by_two
 
 
 def _board_pid(tpu_slice) -> int:
@@ -70,10 +70,18 @@ def test_a_run_records_what_users_read(first_run):
     assert (result.algo, result.sync, result.target_return) == ("ppo", "batch", 475.0)
     # CartPole steps vectorised: one rollout actor serves the host's four chips.
     assert result.rollout_actors_per_host == 1
-    assert result.env_steps == 3 * 1024 and result.env_steps_per_s > 0
+    # The rate a user reads: the run's steps over its loop's seconds (wall_s is rounded
+    # to the millisecond, hence the tolerance).
+    assert result.env_steps == 3 * 1024
+    assert result.env_steps_per_s == pytest.approx(3 * 1024 / result.wall_s, rel=1e-2)
     assert [row["update"] for row in result.curve] == [1, 2, 3]
     assert all(len(row["chip_step_s"]) == 4 for row in result.curve)
-    assert 8 <= result.final_return <= 500
+    # The final return is the final policy's greedy evaluation (each one starts from the
+    # same states, drawn from the run's seed): the same 4 episodes again here, on the CPU
+    # as on the metrics board.
+    with jax.default_device(jax.devices("cpu")[0]):
+        again = GreedyEvaluator("CartPole-v1", result.agent, 7).evaluate(result.params, 4)
+    assert len(again) == 4 and result.final_return == float(np.mean(again)), again
     assert set(result.startup_profile) == {"learners_joined_s", "learners_set_up_s",
                                            "compiled_s", "warm", "rollouts_warm"}
     assert result.startup_profile["warm"] is False

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import live_actor_records, live_actors
+from support.cluster_state import live_actor_records, live_actors
 
 import workbench as wb
 from workbench.algos.ppo import PPOConfig
@@ -25,12 +25,6 @@ from workbench.engine.sweep import sweep
 WORKBENCH = str(Path(sys.executable).with_name("workbench"))
 CATCH = dict(env="workbench/Catch-v0", mode="anakin", envs_per_chip=8, rollout_length=16,
              eval_every=0, eval_episodes=4)
-
-
-@pytest.fixture(scope="module")
-def two_by_two(sim_cluster):
-    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-        yield tpu_slice
 
 
 @pytest.fixture(scope="module")

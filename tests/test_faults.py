@@ -18,7 +18,7 @@ import time
 
 import pytest
 import ray
-from conftest import live_actor_names, live_actors, live_placement_groups
+from support.cluster_state import live_actor_names, live_actors, live_placement_groups
 
 import workbench as wb
 from workbench.engine import TrainConfig, checkpoint, train
@@ -28,12 +28,6 @@ pytestmark = pytest.mark.slow
 
 ANAKIN_CARTPOLE = dict(env="workbench/CartPole-v1", mode="anakin", total_env_steps=600_000,
                        stop_at_target=True, eval_every=0)
-
-
-@pytest.fixture(scope="module")
-def two_by_two(sim_cluster):
-    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-        yield tpu_slice
 
 
 @pytest.fixture

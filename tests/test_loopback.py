@@ -11,8 +11,8 @@ import time
 import psutil
 import pytest
 import ray
-from conftest import live_actors
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from support.cluster_state import live_actors
 
 import workbench as wb
 

@@ -20,12 +20,8 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import (
-    live_actor_names,
-    live_actor_records,
-    live_placement_groups,
-    start_until_progress,
-)
+from support.cluster_state import live_actor_names, live_actor_records, live_placement_groups
+from support.processes import start_until_progress
 
 import workbench as wb
 from workbench.engine.rllib.backend import learner_backend
@@ -43,12 +39,6 @@ def _ppo(num_env_runners: int = 2):
             .env_runners(num_env_runners=num_env_runners)
             .training(lr=0.0003, num_epochs=6, vf_loss_coeff=0.01)
             .debugging(seed=0))
-
-
-@pytest.fixture(scope="module")
-def two_by_two(sim_cluster):
-    with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-        yield tpu_slice
 
 
 def _slice_resources_free(tpu_slice) -> dict[str, float]:

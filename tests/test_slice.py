@@ -7,7 +7,7 @@ import time
 import psutil
 import pytest
 import ray
-from conftest import live_actors, live_placement_groups
+from support.cluster_state import live_actors, live_placement_groups
 
 import workbench as wb
 from workbench.tpu.placement import probe_chips

@@ -1,8 +1,9 @@
 """The fast tier stays fast: a test without the slow marker that asks for a cluster fixture,
 connects Ray or starts a cluster's processes fails, with a message saying to mark it.
 
-An inner pytest run, under a copy of this folder's conftest.py, of tests that break the
-rule; the real cluster never starts (each is refused before it would)."""
+An inner pytest run, under a copy of this folder's conftest.py (and of the support package
+it imports), of tests that break the rule; the real cluster never starts (each is refused
+before it would)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 pytest_plugins = ["pytester"]
 
 CONFTEST = Path(__file__).with_name("conftest.py")
+SUPPORT = Path(__file__).with_name("support")
 
 INNER = textwrap.dedent('''
     import subprocess
@@ -72,6 +74,8 @@ INNER = textwrap.dedent('''
 
 def test_unmarked_tests_that_want_a_cluster_fail_saying_to_mark_them(pytester, monkeypatch):
     pytester.makeconftest(CONFTEST.read_text())
+    shutil.copytree(SUPPORT, pytester.path / "support",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     pytester.makepyprojecttoml('[tool.pytest.ini_options]\nmarkers = ["slow: slow tier"]\n')
     pytester.makepyfile(test_inner=INNER)
     # A temp folder of the test's own: a refused start of the simulator leaves its folder.

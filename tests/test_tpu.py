@@ -18,16 +18,25 @@ from workbench.tpu.catalog import (
 )
 
 
+def test_the_catalog_has_every_generation_users_pick_from():
+    # The tests below run once per generation: an empty catalog would run none of them.
+    assert list(GENERATIONS) == ["v4", "v5e", "v5p", "v6e", "v7x"]
+
+
 @pytest.mark.parametrize("generation", list(GENERATIONS))
 def test_every_catalog_topology_is_valid_for_ray(generation):
     gen = GENERATIONS[generation]
-    for topology in topologies(generation):
+    catalog = topologies(generation)
+    # As many as Ray's table, each once and each in it (below): the same topologies.
+    assert len(set(catalog)) == len(catalog) == len(VALID_TPU_TOPOLOGY[gen.ray_version]) > 0
+    for topology in catalog:
         assert topology in VALID_TPU_TOPOLOGY[gen.ray_version], (generation, topology)
 
 
 @pytest.mark.parametrize("generation", list(GENERATIONS))
 def test_every_ray_topology_is_in_the_catalog(generation):
     gen = GENERATIONS[generation]
+    assert len(VALID_TPU_TOPOLOGY[gen.ray_version]) > 0, gen.ray_version
     for topology in VALID_TPU_TOPOLOGY[gen.ray_version]:
         assert parse_shape(generation, topology).topology == topology
 
@@ -35,6 +44,7 @@ def test_every_ray_topology_is_in_the_catalog(generation):
 @pytest.mark.parametrize("generation", list(GENERATIONS))
 def test_hosts_and_pod_types_agree_with_ray(generation):
     gen = GENERATIONS[generation]
+    assert len(topologies(generation)) == len(VALID_TPU_TOPOLOGY[gen.ray_version]) > 0
     for topology in topologies(generation):
         shape = parse_shape(generation, topology)
         assert shape.chips_per_host == get_chips_per_host(topology, gen.ray_version)
