@@ -43,36 +43,36 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
-import shutil
 import sys
-import tempfile
-import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_anakin import single_process_run  # noqa: E402
-from bench_ppo_vs_rllib import (  # noqa: E402
+from harness import (
     WINDOW,
+    Invocation,
     Record,
-    code_revision,
+    at_most,
+    benchmark_parser,
     episode_returns,
     episode_returns_callback,
-    machine,
     median_or_none,
     medians,
+    parse_names,
+    parse_seeds,
     process_age_s,
-    processes_outside_tree,
     ratio,
-    ray_session_pids,
-    run_worker,
+    rllib_algorithm,
+    round_or_none,
+    run_or_work,
+    simulated_slice,
+    single_process_run,
     speedup_goal,
-    startup_phase,
+    timed,
 )
+
+SCRIPT = Path(__file__).resolve()
 
 GOAL_SPEEDUP = 10.0
 GOAL_ANAKIN_SLOWDOWN = 2.0
@@ -134,30 +134,20 @@ def train_config(pair: str, seed: int, total_env_steps: int) -> Any:
 
 
 def workbench_worker(pair: str, seed: int, total_env_steps: int) -> Record:
-    import workbench as wb
     from workbench.engine import train
 
     imports_s = process_age_s()
     config = train_config(pair, seed, total_env_steps)
-    started = time.monotonic()
-    with startup_phase():
-        cluster = wb.local_cluster([("v6e", "2x2")])
-    cluster_start_s = time.monotonic() - started
-    try:
-        started = time.monotonic()
-        with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-            _ = tpu_slice.chips
-            reserve_s = time.monotonic() - started
-            result = train(tpu_slice, config)
-    finally:
-        cluster.shutdown()
+    with simulated_slice() as simulated:
+        result = train(simulated.tpu_slice, config)
     record = result.to_json()
     curve = record.pop("curve")
     record.pop("chip_state_digests", None)
     return {
         "side": "workbench",
         "imports_s": round(imports_s, 3),
-        "cold_start_s": round(cluster_start_s + reserve_s + result.startup_s, 3),
+        "cold_start_s": round(simulated.cluster_start_s + simulated.reserve_s
+                              + result.startup_s, 3),
         "loop_s": result.wall_s,
         "mean_return_100": curve[-1].get("mean_return_100") if curve else None,
         **record,
@@ -233,9 +223,9 @@ def rllib_loop(algo: Any, target: float, max_env_steps: int, max_loop_s: float) 
     mean_100 = None
     reported_at = 0.0
     while env_steps < max_env_steps and loop_s < max_loop_s and hit is None:
-        started = time.perf_counter()
-        result = algo.train()
-        loop_s += time.perf_counter() - started
+        with timed() as train_call:
+            result = algo.train()
+        loop_s += train_call.s
         iteration += 1
         runners = result[ENV_RUNNER_RESULTS]
         env_steps = int(runners.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, env_steps))
@@ -257,7 +247,7 @@ def rllib_loop(algo: Any, target: float, max_env_steps: int, max_loop_s: float) 
         "env_steps_per_s": round(env_steps / loop_s, 1) if loop_s > 0 else None,
         "time_to_train_target_s": None if hit is None else hit["loop_s"],
         "env_steps_to_train_target": None if hit is None else hit["env_steps"],
-        "mean_return_100": None if mean_100 is None else round(mean_100, 2),
+        "mean_return_100": round_or_none(mean_100, 2),
     }
 
 
@@ -266,24 +256,11 @@ def rllib_worker(pair: str, seed: int, max_env_steps: int, max_loop_s: float) ->
 
     config = rllib_config(PAIRS[pair]["peer"], seed)
     imports_s = process_age_s()
-    temp_dir = tempfile.mkdtemp(prefix="bench-rllib-")
-    started = time.monotonic()
-    with startup_phase(lambda: shutil.rmtree(temp_dir, ignore_errors=True)):
-        ray.init(address="local", include_dashboard=False, num_cpus=2, _temp_dir=temp_dir,
-                 log_to_driver=False, logging_level="WARNING")
-    try:
-        algo = config.build_algo()
-        cold_start_s = time.monotonic() - started
-        try:
-            record = rllib_loop(algo, PAIRS[pair]["target"], max_env_steps, max_loop_s)
-            outside = processes_outside_tree(ray_session_pids(temp_dir))
-        finally:
-            algo.stop()
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+    with rllib_algorithm(config, num_cpus=2) as peer:
+        record = rllib_loop(peer.algo, PAIRS[pair]["target"], max_env_steps, max_loop_s)
+        outside = peer.processes_outside_tree()
     return {"side": PAIRS[pair]["peer"], "ray_version": ray.__version__,
-            "imports_s": round(imports_s, 3), "cold_start_s": round(cold_start_s, 3),
+            "imports_s": round(imports_s, 3), "cold_start_s": round(peer.cold_start_s, 3),
             "ray_processes_outside_tree": outside, **record}
 
 
@@ -303,7 +280,7 @@ def summarize_pair(pair: str, workbench: list[Record], peer: list[Record]) -> Re
         slowdown = ratio(wb["loop_s"], other["loop_s"])
         summary["goals"] = {"anakin_time_within_2x_of_one_process_for_the_same_env_steps": {
             "anakin_over_single": slowdown, "need_at_most": GOAL_ANAKIN_SLOWDOWN,
-            "met": None if slowdown is None else slowdown <= GOAL_ANAKIN_SLOWDOWN}}
+            "met": at_most(slowdown, GOAL_ANAKIN_SLOWDOWN)}}
         summary["ratios"] = {
             "env_steps_per_s_anakin_over_single": ratio(wb["env_steps_per_s"],
                                                         other["env_steps_per_s"])}
@@ -323,14 +300,10 @@ def summarize_pair(pair: str, workbench: list[Record], peer: list[Record]) -> Re
 
 
 def run_benchmark(args: argparse.Namespace) -> Record:
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    pairs = [p for p in args.pairs.split(",") if p]
-    unknown = sorted(set(pairs) - set(PAIRS))
-    if unknown:
-        raise SystemExit(f"unknown --pairs {unknown}; choose from {', '.join(PAIRS)}")
-    log_dir = Path(tempfile.mkdtemp(prefix="bench-algorithms-"))
-    started = time.monotonic()
-    before = machine()
+    seeds = parse_seeds(args.seeds)
+    pairs = parse_names(args.pairs, PAIRS, "--pairs")
+    invocation = Invocation(SCRIPT, "bench-algorithms-", args.worker_timeout_s,
+                            args.startup_retries, watch_code=False)
     results: Record = {}
     for pair in pairs:
         spec = PAIRS[pair]
@@ -338,11 +311,9 @@ def run_benchmark(args: argparse.Namespace) -> Record:
         runs: dict[str, list[Record]] = {"workbench": [], "peer": []}
         for seed in seeds:
             for side, kind in (("peer", peer_kind), ("workbench", "workbench")):
-                record = run_worker(kind, seed,
-                                    ["--pair", pair, "--env-steps", str(spec["budget"]),
-                                     "--peer-max-loop-s", str(args.peer_max_loop_s)],
-                                    args.worker_timeout_s, log_dir, args.startup_retries,
-                                    script=Path(__file__).resolve())
+                record = invocation.run(kind, seed,
+                                        ["--pair", pair, "--env-steps", str(spec["budget"]),
+                                         "--peer-max-loop-s", str(args.peer_max_loop_s)])
                 runs[side].append(record)
         results[pair] = {"target": spec["target"], "env_step_budget": spec["budget"],
                          **summarize_pair(pair, **runs),
@@ -350,41 +321,28 @@ def run_benchmark(args: argparse.Namespace) -> Record:
     return {
         "benchmark": "algorithms",
         "seeds": seeds,
-        "code": code_revision(),
-        "machine_before": before,
-        "machine_after": machine(),
-        "total_s": round(time.monotonic() - started, 1),
-        "logs": str(log_dir),
+        **invocation.context(),
         "pairs": results,
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-    parser.add_argument("--pairs", default=",".join(PAIRS),
-                        help=f"which pairs, comma-separated, of {', '.join(PAIRS)}")
-    parser.add_argument("--worker-timeout-s", type=float, default=3600.0)
-    parser.add_argument("--peer-max-loop-s", type=float, default=1800.0,
-                        help="seconds of training after which an RLlib peer that has not "
-                             "reached the target stops (a lower bound on its time)")
-    parser.add_argument("--startup-retries", type=int, default=2)
-    parser.add_argument("--worker", choices=("workbench", "single", "rllib"),
-                        help=argparse.SUPPRESS)
-    parser.add_argument("--pair", choices=tuple(PAIRS), help=argparse.SUPPRESS)
-    parser.add_argument("--env-steps", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker is None:
-        print(json.dumps(run_benchmark(args), indent=1, default=_json_default))
-        return
+def work(args: argparse.Namespace) -> Record:
     worker = {"workbench": workbench_worker, "single": single_worker,
               "rllib": functools.partial(rllib_worker, max_loop_s=args.peer_max_loop_s)
               }[args.worker]
-    record = worker(args.pair, args.seed, args.env_steps)
-    Path(args.out).write_text(json.dumps(record, default=_json_default))
+    return worker(args.pair, args.seed, args.env_steps)
+
+
+def main() -> None:
+    parser = benchmark_parser(__doc__, ("workbench", "single", "rllib"))
+    parser.add_argument("--pairs", default=",".join(PAIRS),
+                        help=f"which pairs, comma-separated, of {', '.join(PAIRS)}")
+    parser.add_argument("--peer-max-loop-s", type=float, default=1800.0,
+                        help="seconds of training after which an RLlib peer that has not "
+                             "reached the target stops (a lower bound on its time)")
+    parser.add_argument("--pair", choices=tuple(PAIRS), help=argparse.SUPPRESS)
+    parser.add_argument("--env-steps", type=int, help=argparse.SUPPRESS)
+    run_or_work(parser.parse_args(), run_benchmark, work, default=_json_default)
 
 
 def _json_default(value: Any) -> Any:

@@ -30,30 +30,26 @@ its time to the target at most 1/0.7 of the peer's.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_ppo_vs_rllib import (  # noqa: E402
+from bench_ppo_vs_rllib import rllib_worker, workbench_worker
+from harness import (
+    Invocation,
     Record,
-    code_revision,
-    machine,
+    at_least,
+    at_most,
+    benchmark_parser,
     medians,
-    process_age_s,
+    parse_names,
+    parse_seeds,
     ratio,
-    rllib_worker,
-    run_worker,
+    run_or_work,
+    single_process_run,
     speedup_goal,
-    workbench_worker,
 )
 
+SCRIPT = Path(__file__).resolve()
 JAX_CARTPOLE = "workbench/CartPole-v1"
-SIMULATED_CHIPS = 4  # v6e 2x2
 KINDS = ("anakin", "single", "actors", "actors_single", "rllib")
 
 
@@ -76,34 +72,6 @@ def actors_single_worker(seed: int, total_env_steps: int) -> Record:
     return {**record, "side": "actors_single"}
 
 
-def single_process_run(slice_config: Any, chips: int = SIMULATED_CHIPS) -> Record:
-    """``slice_config``'s run in this one process, no Ray
-    (:func:`~workbench.engine.in_process.train_in_process`): one CPU device learns from
-    every env of the ``chips`` chips (the same global batch and hyperparameters)."""
-    from workbench.learn.platform import configure_jax_platform
-
-    configure_jax_platform("cpu")
-    from workbench.engine.in_process import train_in_process
-
-    imports_s = process_age_s()
-    done = train_in_process(slice_config, chips=chips)
-    target_s = done.time_to_train_target_s
-    return {
-        "side": "single",
-        "imports_s": round(imports_s, 3),
-        "cold_start_s": round(done.startup_s, 3),
-        "loop_s": round(done.loop_s, 3),
-        "env_steps": done.env_steps,
-        "updates": len(done.curve),
-        "env_steps_per_s": round(done.env_steps_per_s, 1),
-        "time_to_train_target_s": None if target_s is None else round(target_s, 3),
-        "env_steps_to_train_target": None if done.train_target is None
-        else done.train_target["env_steps"],
-        "mean_return_100": done.curve[-1].get("mean_return_100") if done.curve else None,
-        "final_return": done.final_return,
-    }
-
-
 def summarize(runs: dict[str, list[Record]]) -> Record:
     median = {kind: medians(records) for kind, records in runs.items() if records}
     anakin, single = median.get("anakin"), median.get("single")
@@ -113,10 +81,10 @@ def summarize(runs: dict[str, list[Record]]) -> Record:
         share = ratio(anakin["env_steps_per_s"], single["env_steps_per_s"])
         goals["anakin_time_to_target_within_2x_of_single_process"] = {
             "anakin_over_single": slowdown, "need_at_most": 2.0,
-            "met": None if slowdown is None else slowdown <= 2.0}
+            "met": at_most(slowdown, 2.0)}
         goals["anakin_env_steps_per_s_at_least_half_of_single_process"] = {
             "anakin_over_single": share, "need_at_least": 0.5,
-            "met": None if share is None else share >= 0.5}
+            "met": at_least(share, 0.5)}
     actors, actors_single = median.get("actors"), median.get("actors_single")
     if actors and actors_single:
         share = ratio(actors["env_steps_per_s"], actors_single["env_steps_per_s"])
@@ -142,14 +110,10 @@ def summarize(runs: dict[str, list[Record]]) -> Record:
 
 
 def run_benchmark(args: argparse.Namespace) -> Record:
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    kinds = [k for k in args.kinds.split(",") if k]
-    unknown = sorted(set(kinds) - set(KINDS))
-    if unknown:
-        raise SystemExit(f"unknown --kinds {unknown}; choose from {', '.join(KINDS)}")
-    log_dir = Path(tempfile.mkdtemp(prefix="bench-anakin-"))
-    started = time.monotonic()
-    before = machine()
+    seeds = parse_seeds(args.seeds)
+    kinds = parse_names(args.kinds, KINDS, "--kinds")
+    invocation = Invocation(SCRIPT, "bench-anakin-", args.worker_timeout_s,
+                            args.startup_retries, watch_code=False)
     runs: dict[str, list[Record]] = {kind: [] for kind in kinds}
     options = {
         "anakin": ["--env-steps", str(args.env_steps)],
@@ -160,42 +124,20 @@ def run_benchmark(args: argparse.Namespace) -> Record:
     }
     for seed in seeds:
         for kind in kinds:
-            record = run_worker(kind, seed, options[kind], args.worker_timeout_s, log_dir,
-                                args.startup_retries, script=Path(__file__).resolve())
+            record = invocation.run(kind, seed, options[kind])
             record.pop("curve", None)
             runs[kind].append(record)
     return {
         "benchmark": "anakin",
         "seeds": seeds,
         "env_steps_budget": args.env_steps,
-        "code": code_revision(),
-        "machine_before": before,
-        "machine_after": machine(),
-        "total_s": round(time.monotonic() - started, 1),
-        "logs": str(log_dir),
+        **invocation.context(),
         **summarize(runs),
         "runs": runs,
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-    parser.add_argument("--kinds", default=",".join(KINDS),
-                        help=f"which runs, comma-separated, of {', '.join(KINDS)}")
-    parser.add_argument("--env-steps", type=int, default=500_000,
-                        help="env-step budget of the workbench runs (they stop at the target)")
-    parser.add_argument("--rllib-max-env-steps", type=int, default=300_000)
-    parser.add_argument("--worker-timeout-s", type=float, default=3600.0)
-    parser.add_argument("--startup-retries", type=int, default=2)
-    parser.add_argument("--worker", choices=KINDS, help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker is None:
-        print(json.dumps(run_benchmark(args), indent=1))
-        return
+def work(args: argparse.Namespace) -> Record:
     if args.worker == "anakin":
         record = workbench_worker(args.seed, args.env_steps, mode="anakin", env=JAX_CARTPOLE)
     elif args.worker == "actors":
@@ -207,7 +149,17 @@ def main() -> None:
     else:
         record = rllib_worker(args.seed, args.rllib_max_env_steps, eval_every=5)
     record["side"] = args.worker
-    Path(args.out).write_text(json.dumps(record))
+    return record
+
+
+def main() -> None:
+    parser = benchmark_parser(__doc__, KINDS)
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"which runs, comma-separated, of {', '.join(KINDS)}")
+    parser.add_argument("--env-steps", type=int, default=500_000,
+                        help="env-step budget of the workbench runs (they stop at the target)")
+    parser.add_argument("--rllib-max-env-steps", type=int, default=300_000)
+    run_or_work(parser.parse_args(), run_benchmark, work)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 import nbformat
 import psutil
 
@@ -109,8 +109,8 @@ def measure(notebook: Path, output: Path, parameters: dict, interval_s: float) -
                "--cwd", str(output.parent), "--no-progress-bar"]
     for key, value in parameters.items():
         command += ["-p", key, str(value)]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    started = time.monotonic()
+    env = harness.child_env()
+    clock = harness.timed()
     with open(output.with_suffix(".log"), "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         root = psutil.Process(process.pid)
@@ -138,7 +138,7 @@ def measure(notebook: Path, output: Path, parameters: dict, interval_s: float) -
     by_label = sorted(peak["by_label"].items(), key=lambda kv: -kv[1])
     return {
         "notebook": notebook.name,
-        "wall_s": round(time.monotonic() - started, 1),
+        "wall_s": round(clock.s, 1),
         "samples": samples,
         "peak_pss_mib": round(peak["pss"] / MIB, 1),
         "rss_at_peak_pss_mib": round(peak["rss"] / MIB, 1),
@@ -192,17 +192,17 @@ def main(argv: list[str] | None = None) -> int:
             args.interval_s,
         )
     over = quickstart["peak_pss_mib"] * MIB - LIMIT_BYTES
-    print(json.dumps({
+    harness.print_result({
         "topology": f"v6e {args.topology}",
         "quickstart": quickstart,
         "peer_single_process": peer,
-        "pss_ratio_quickstart_vs_peer": round(quickstart["peak_pss_mib"] / peer["peak_pss_mib"],
-                                              2),
+        "pss_ratio_quickstart_vs_peer": harness.ratio(quickstart["peak_pss_mib"],
+                                                      peer["peak_pss_mib"], 2),
         "limit_mib": LIMIT_BYTES // MIB,
         "quickstart_fits_2gib": over <= 0,
         "quickstart_over_2gib_by_mib": round(max(0.0, over / MIB), 1),
         "cpus": os.cpu_count(),
-    }, indent=2))
+    }, indent=2)
     return 0
 
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
+import harness
 import numpy as np
 
 import workbench as wb
@@ -32,10 +31,6 @@ from workbench.engine.serving import serve_policy
 from workbench.engine.sweep import sweep
 
 WORKBENCH = str(Path(sys.executable).with_name("workbench"))
-
-
-def _median(values: list[float]) -> float:
-    return round(statistics.median(values), 3)
 
 
 def _cartpole(total_env_steps: int, **fields) -> TrainConfig:
@@ -48,9 +43,9 @@ def measure_sweeps(tpu_slice, seeds: int, total_env_steps: int) -> dict:
     timings = {}
     results = {}
     for count in (1, seeds):
-        started = time.monotonic()
-        results[count] = sweep(tpu_slice, _cartpole(total_env_steps), seeds=count)
-        timings[count] = time.monotonic() - started
+        with harness.timed() as clock:
+            results[count] = sweep(tpu_slice, _cartpole(total_env_steps), seeds=count)
+        timings[count] = clock.s
     many = results[seeds]
     return {
         "env_steps_per_trial": total_env_steps,
@@ -71,17 +66,18 @@ def measure_one_by_one(address: str, seeds: int, total_env_steps: int, sequentia
     one_by_one = []
     with tempfile.TemporaryDirectory() as scratch:
         for seed in range(sequential):
-            started = time.monotonic()
-            subprocess.run([WORKBENCH, "train", "--address", address, "--mode", "anakin",
-                            "--env", "workbench/CartPole-v1", "--total-env-steps",
-                            str(total_env_steps), "--eval-every", "0", "--seed", str(seed),
-                            "--json", f"{scratch}/{seed}.json"], check=True,
-                           capture_output=True, timeout=900)
-            one_by_one.append(time.monotonic() - started)
-    total = sum(one_by_one) if sequential >= seeds else statistics.median(one_by_one) * seeds
+            with harness.timed() as clock:
+                subprocess.run([WORKBENCH, "train", "--address", address, "--mode", "anakin",
+                                "--env", "workbench/CartPole-v1", "--total-env-steps",
+                                str(total_env_steps), "--eval-every", "0", "--seed",
+                                str(seed), "--json", f"{scratch}/{seed}.json"], check=True,
+                               capture_output=True, timeout=900)
+            one_by_one.append(clock.s)
+    total = (sum(one_by_one) if sequential >= seeds
+             else harness.median(one_by_one, digits=None, scale=seeds))
     return {
         "sequential_runs_measured": sequential,
-        "sequential_run_median_s": _median(one_by_one),
+        "sequential_run_median_s": harness.median(one_by_one),
         f"sequential_{seeds}_seeds_s": round(total, 1),
         "sequential_is_estimate": sequential < seeds,
         "sweep_speedup_vs_sequential": round(total / swept_s, 1),
@@ -96,11 +92,11 @@ def measure_tracking(tpu_slice, total_env_steps: int, repeats: int, runs: Path) 
                                track=None if backend == "off" else backend,
                                run_dir=str(runs / f"{backend}-{repeat}"))
             rates[backend].append(train(tpu_slice, config).env_steps_per_s)
-    off = statistics.median(rates["off"])
     return {
         "env_steps_per_trial": total_env_steps,
-        **{f"{name}_env_steps_per_s_median": _median(values) for name, values in rates.items()},
-        **{f"{name}_vs_off_ratio": round(statistics.median(rates[name]) / off, 3)
+        **{f"{name}_env_steps_per_s_median": harness.median(values)
+           for name, values in rates.items()},
+        **{f"{name}_vs_off_ratio": harness.median_ratio(rates[name], rates["off"])
            for name in ("tensorboard", "mlflow")},
     }
 
@@ -110,6 +106,11 @@ def _post(url: str, payload: dict) -> dict:
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as answer:
         return json.loads(answer.read())
+
+
+def _per_s(seconds: list[float]) -> float | None:
+    """Calls per second at the median call's time."""
+    return harness.ratio(1, harness.median(seconds, digits=None), 1)
 
 
 def measure_serving(run_dir: str, requests: int) -> dict:
@@ -124,31 +125,32 @@ def measure_serving(run_dir: str, requests: int) -> dict:
     singles = rng.normal(0, 0.1, size=(requests, 4)).astype(np.float32)
     batches = rng.normal(0, 0.1, size=(max(requests // 10, 5), 64, 4)).astype(np.float32)
 
-    def timed(call, items) -> list[float]:
+    def seconds_each(call, items) -> list[float]:
         np.asarray(call(items[0]))  # warm: compiled, connected
         seconds = []
         for item in items:
-            started = time.perf_counter()
-            np.asarray(call(item))  # the answer on the host, as a served one is
-            seconds.append(time.perf_counter() - started)
+            with harness.timed() as clock:
+                np.asarray(call(item))  # the answer on the host, as a served one is
+            seconds.append(clock.s)
         return seconds
 
-    peer_single = timed(act, singles)
-    peer_batch = timed(lambda b: np.asarray(act_batch(b)), batches)
+    peer_single = seconds_each(act, singles)
+    peer_batch = seconds_each(lambda b: np.asarray(act_batch(b)), batches)
     with serve_policy(run_dir, max_batch_size=64) as server:
-        served_single = timed(lambda o: _post(server.url, {"observation": o.tolist()}), singles)
-        served_batch = timed(lambda b: _post(server.url, {"observations": b.tolist()}),
-                             batches)
+        served_single = seconds_each(lambda o: _post(server.url, {"observation": o.tolist()}),
+                                     singles)
+        served_batch = seconds_each(lambda b: _post(server.url, {"observations": b.tolist()}),
+                                    batches)
     ms = 1000.0
     return {
         "requests": requests,
-        "served_single_median_ms": round(statistics.median(served_single) * ms, 2),
+        "served_single_median_ms": harness.median(served_single, 2, scale=ms),
         "served_single_p99_ms": round(float(np.percentile(served_single, 99)) * ms, 2),
-        "served_batch64_requests_per_s": round(1 / statistics.median(served_batch), 1),
-        "peer_in_process_single_median_ms": round(statistics.median(peer_single) * ms, 3),
-        "peer_in_process_batch64_calls_per_s": round(1 / statistics.median(peer_batch), 1),
-        "served_vs_peer_single_latency_ratio": round(statistics.median(served_single)
-                                                     / statistics.median(peer_single), 1),
+        "served_batch64_requests_per_s": _per_s(served_batch),
+        "peer_in_process_single_median_ms": harness.median(peer_single, 3, scale=ms),
+        "peer_in_process_batch64_calls_per_s": _per_s(peer_batch),
+        "served_vs_peer_single_latency_ratio": harness.median_ratio(served_single,
+                                                                    peer_single, 1),
     }
 
 
@@ -184,7 +186,7 @@ def main() -> None:
                 train(tpu_slice, _cartpole(args.total_env_steps, run_dir=str(runs / "off-0")))
         if "serving" in parts:
             record["serving"] = measure_serving(str(runs / "off-0"), args.requests)
-    print(json.dumps(record, indent=1))
+    harness.print_result(record)
 
 
 def _partial(part: str, figures: dict) -> dict:

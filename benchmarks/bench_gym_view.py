@@ -9,11 +9,9 @@ Prints JSON: env-steps/s of each (median over repeats) and the ratio.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
 
 import gymnasium as gym
+import harness
 import numpy as np
 
 import workbench  # noqa: F401  (registers workbench/CartPole-v1)
@@ -28,11 +26,11 @@ def steps_per_s(env_id: str, num_envs: int, steps: int) -> float:
     rng = np.random.default_rng(0)
     for _ in range(50):  # compile and warm up
         env.step(rng.integers(0, 2, num_envs))
-    started = time.perf_counter()
-    for _ in range(steps):
-        obs, *_ = env.step(rng.integers(0, 2, num_envs))
-        np.asarray(obs)
-    return num_envs * steps / (time.perf_counter() - started)
+    with harness.timed() as clock:
+        for _ in range(steps):
+            obs, *_ = env.step(rng.integers(0, 2, num_envs))
+            np.asarray(obs)
+    return num_envs * steps / clock.s
 
 
 def main() -> None:
@@ -43,12 +41,12 @@ def main() -> None:
     args = parser.parse_args()
     rates = {env_id: [steps_per_s(env_id, args.envs, args.steps) for _ in range(args.repeats)]
              for env_id in (PEER, OURS)}
-    median = {env_id: round(statistics.median(r), 1) for env_id, r in rates.items()}
-    print(json.dumps({
+    median = {env_id: harness.median(r, 1) for env_id, r in rates.items()}
+    harness.print_result({
         "num_envs": args.envs,
         "env_steps_per_s_median": median,
-        "workbench_over_gymnasium": round(median[OURS] / median[PEER], 2),
-    }, indent=1))
+        "workbench_over_gymnasium": harness.ratio(median[OURS], median[PEER], 2),
+    })
 
 
 if __name__ == "__main__":

@@ -51,234 +51,49 @@ the attempt that came up.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import math
-import os
-import shutil
-import statistics
-import subprocess
-import sys
-import tempfile
-import threading
-import time
-import traceback
 from collections import deque
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
+from harness import (
+    WINDOW,
+    Invocation,
+    Record,
+    at_least,
+    benchmark_parser,
+    code_revision,
+    episode_returns,
+    episode_returns_callback,
+    finite_or_none,
+    medians,
+    parse_seeds,
+    process_age_s,
+    processes_outside_tree,
+    ratio,
+    rllib_algorithm,
+    round_or_none,
+    run_or_work,
+    simulated_slice,
+    speedup_goal,
+    time_ratio_bounds,
+    timed,
+)
 
+SCRIPT = Path(__file__).resolve()
 TARGET_RETURN = 475.0
-WINDOW = 100
 EVAL_EPISODES = 20
 EVAL_SEED_OFFSET = 999_983
-EPISODE_RETURNS_KEY = "bench_episode_returns"
-EXIT_STARTUP_FAILED = 75
 GOAL_TRAIN_TARGET_SPEEDUP = 10.0
 GOAL_THROUGHPUT_RATIO = 20.0
 GOAL_WORKBENCH_COLD_START_S = 20.0
-
-Record = dict[str, Any]
-
-
-# Measuring a process tree from the parent.
-
-
-class TreeSampler:
-    """Samples the summed RSS of a process and all its descendants in a thread."""
-
-    def __init__(self, root_pid: int, interval_s: float = 0.5) -> None:
-        self.root = psutil.Process(root_pid)
-        self.interval_s = interval_s
-        self.peak_rss_bytes = 0
-        self.peak_processes = 0
-        self.samples = 0
-        self.seen: dict[int, psutil.Process] = {root_pid: self.root}
-        self.cpu_s: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> TreeSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def tree(self) -> list[psutil.Process]:
-        try:
-            return [self.root, *self.root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.interval_s)
-
-    def sample(self) -> None:
-        total, count = 0, 0
-        for proc in self.tree():
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied), proc.oneshot():
-                total += proc.memory_info().rss
-                times = proc.cpu_times()
-                self.cpu_s[proc.pid] = times.user + times.system
-                count += 1
-                self.seen.setdefault(proc.pid, proc)
-        self.samples += 1
-        self.peak_rss_bytes = max(self.peak_rss_bytes, total)
-        self.peak_processes = max(self.peak_processes, count)
-
-    def survivors(self) -> list[psutil.Process]:
-        """Processes of the tree seen while sampling that still run (same pid and birth)."""
-        return [p for p in self.seen.values() if p.is_running()]
-
-
-def kill_processes(procs: list[psutil.Process], timeout_s: float = 10.0) -> None:
-    for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
-    for proc in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    psutil.wait_procs(alive, timeout=timeout_s)
-
-
-def worker_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
-    return env
-
-
-def run_attempt(command: list[str], timeout_s: float, log_path: Path
-                ) -> tuple[int | None, TreeSampler, int]:
-    """Run one worker subprocess to the end (or the deadline) while sampling its tree.
-
-    Returns its exit code (``None`` on timeout), the sampler, and how many of its processes
-    outlived it and were killed.
-    """
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
-                                env=worker_env(), stdin=subprocess.DEVNULL)
-        with TreeSampler(proc.pid) as sampler:
-            try:
-                returncode: int | None = proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                returncode = None
-                kill_processes(sampler.tree())
-        leftovers = sampler.survivors()
-        kill_processes(leftovers)
-    return returncode, sampler, len(leftovers)
-
-
-def run_worker(kind: str, seed: int, options: list[str], timeout_s: float, log_dir: Path,
-               startup_retries: int, script: Path | None = None) -> Record:
-    """Run one side for one seed in a subprocess; its record plus process-tree figures.
-
-    A run whose Ray instance or cluster failed to come up is started again from scratch,
-    at most ``startup_retries`` times; the count is in the record.
-    """
-    out = log_dir / f"{kind}-seed{seed}.json"
-    command = [sys.executable, str(script or Path(__file__).resolve()), "--worker", kind,
-               "--seed", str(seed), "--out", str(out), *options]
-    out.unlink(missing_ok=True)  # an earlier pair's record must not stand in for this run
-    failed_startup_s = 0.0
-    for attempt in range(1, startup_retries + 2):
-        log_path = log_dir / f"{kind}-seed{seed}-attempt{attempt}.log"
-        started = time.monotonic()
-        returncode, sampler, leftovers = run_attempt(command, timeout_s, log_path)
-        if returncode != EXIT_STARTUP_FAILED:
-            break
-        failed_startup_s += time.monotonic() - started
-    record: Record = json.loads(out.read_text()) if out.exists() and returncode == 0 else {}
-    if not record:
-        tail = log_path.read_text()[-3000:]
-        record["error"] = f"worker exited with {returncode}; log {log_path}:\n{tail}"
-    record.update(
-        seed=seed,
-        startup_attempts=attempt,
-        failed_startup_s=round(failed_startup_s, 1),
-        peak_rss_mib=round(sampler.peak_rss_bytes / 2**20, 1),
-        peak_processes=sampler.peak_processes,
-        rss_samples=sampler.samples,
-        tree_cpu_s=round(sum(sampler.cpu_s.values()), 1),
-        leftover_processes_killed=leftovers,
-    )
-    return record
-
-
-@contextlib.contextmanager
-def startup_phase(cleanup: Callable[[], None] | None = None) -> Iterator[None]:
-    """Exit with ``EXIT_STARTUP_FAILED`` if Ray or the cluster does not come up, so that
-    the parent can start the run again (on a loaded machine Ray's own start-up deadlines,
-    such as the raylet's wait for its agents, can pass). The parent kills what is left of
-    the process tree."""
-    try:
-        yield
-    except Exception:
-        traceback.print_exc()
-        if cleanup is not None:
-            cleanup()
-        sys.stdout.flush()
-        os._exit(EXIT_STARTUP_FAILED)
-
-
-# Shared by both workers.
-
-
-def process_age_s() -> float:
-    return time.time() - psutil.Process().create_time()
-
-
-def processes_outside_tree(pids: set[int]) -> list[int]:
-    """Which of ``pids`` are not this process or one of its descendants."""
-    me = psutil.Process()
-    tree = {me.pid} | {p.pid for p in me.children(recursive=True)}
-    alive = {pid for pid in pids if psutil.pid_exists(pid)}
-    return sorted(alive - tree)
-
-
-def ray_session_pids(temp_dir: str) -> set[int]:
-    """Processes whose command line names a Ray session directory under ``temp_dir``."""
-    found = set()
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            if temp_dir in " ".join(proc.info["cmdline"] or ()):
-                found.add(proc.info["pid"])
-    return found
 
 
 def _field(point: Record | None, key: str) -> Any:
     return None if point is None else point[key]
 
 
-def _round(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
-
-
 # RLlib worker.
-
-
-def episode_returns_callback() -> type:
-    """An RLlib callback that logs every finished episode's whole return under
-    ``EPISODE_RETURNS_KEY``, so the driver sees each one (read with
-    :func:`episode_returns`). Made in a function so that Ray ships the class to the env
-    runners by value (this file is not importable there)."""
-    from ray.rllib.callbacks.callbacks import RLlibCallback
-
-    class EpisodeReturns(RLlibCallback):
-        def on_episode_end(self, *, episode: Any, metrics_logger: Any = None,
-                           prev_episode_chunks: Any = (), **kwargs: Any) -> None:
-            # ``episode`` is only the episode's last chunk: one longer than a rollout
-            # fragment was cut, and its earlier chunks come beside it.
-            whole = episode.get_return() + sum(c.get_return() for c in prev_episode_chunks)
-            metrics_logger.log_value(EPISODE_RETURNS_KEY, float(whole), reduce="item_series")
-
-    return EpisodeReturns
 
 
 def rllib_config(seed: int) -> Any:
@@ -325,11 +140,6 @@ def greedy_eval(module: Any, episodes: int, seed: int) -> float:
     return float(returns.mean())
 
 
-def episode_returns(runner_results: dict) -> list[float]:
-    returns = runner_results.get(EPISODE_RETURNS_KEY)
-    return [float(r) for r in returns] if isinstance(returns, list) else []
-
-
 def rllib_loop(algo: Any, seed: int, max_env_steps: int, eval_every: int) -> Record:
     """``algo.train()`` until the training target or the budget; evaluations excluded."""
     from ray.rllib.utils.metrics import (
@@ -344,9 +154,9 @@ def rllib_loop(algo: Any, seed: int, max_env_steps: int, eval_every: int) -> Rec
     train_hit = eval_hit = key_hit = None
     curve = []
     while env_steps < max_env_steps and train_hit is None:
-        started = time.perf_counter()
-        result = algo.train()
-        loop_s += time.perf_counter() - started
+        with timed() as train_call:
+            result = algo.train()
+        loop_s += train_call.s
         iteration += 1
         runners = result[ENV_RUNNER_RESULTS]
         env_steps = int(runners[NUM_ENV_STEPS_SAMPLED_LIFETIME])
@@ -363,19 +173,19 @@ def rllib_loop(algo: Any, seed: int, max_env_steps: int, eval_every: int) -> Rec
             key_hit = point
         eval_return = None
         if eval_every and iteration % eval_every == 0:
-            started = time.perf_counter()
-            eval_return = greedy_eval(algo.get_module(), EVAL_EPISODES,
-                                      seed + EVAL_SEED_OFFSET)
-            eval_s += time.perf_counter() - started
+            with timed() as evaluation:
+                eval_return = greedy_eval(algo.get_module(), EVAL_EPISODES,
+                                          seed + EVAL_SEED_OFFSET)
+            eval_s += evaluation.s
             if eval_hit is None and eval_return >= TARGET_RETURN:
                 eval_hit = point
         curve.append({**point, "episodes": episodes, "episodes_this_iteration": len(finished),
-                      "mean_return_100": _round(mean_100, 2),
-                      "rllib_episode_return_mean": _round(reported, 2),
+                      "mean_return_100": round_or_none(mean_100, 2),
+                      "rllib_episode_return_mean": round_or_none(reported, 2),
                       "eval_return": eval_return})
-    started = time.perf_counter()
-    final_return = greedy_eval(algo.get_module(), EVAL_EPISODES, seed + EVAL_SEED_OFFSET)
-    eval_s += time.perf_counter() - started
+    with timed() as evaluation:
+        final_return = greedy_eval(algo.get_module(), EVAL_EPISODES, seed + EVAL_SEED_OFFSET)
+    eval_s += evaluation.s
     return {
         "env_steps": env_steps,
         "iterations": iteration,
@@ -394,49 +204,23 @@ def rllib_loop(algo: Any, seed: int, max_env_steps: int, eval_every: int) -> Rec
     }
 
 
-@contextlib.contextmanager
-def private_ray(num_cpus: int) -> Iterator[tuple[str, float]]:
-    """A Ray instance of this process alone; yields its temp dir and the seconds it took
-    to start. ``"local"`` always starts a new instance (never RAY_ADDRESS or a running
-    cluster); the private temp dir keeps it out of /tmp/ray, where other clusters'
-    sessions live."""
-    import ray
-
-    temp_dir = tempfile.mkdtemp(prefix="bench-rllib-")
-    started = time.monotonic()
-    with startup_phase(lambda: shutil.rmtree(temp_dir, ignore_errors=True)):
-        ray.init(address="local", include_dashboard=False, num_cpus=num_cpus,
-                 _temp_dir=temp_dir, log_to_driver=False, logging_level="WARNING")
-    try:
-        yield temp_dir, time.monotonic() - started
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
-
-
 def rllib_worker(seed: int, max_env_steps: int, eval_every: int) -> Record:
     import ray
 
     config = rllib_config(seed)  # imports RLlib and torch before the clock starts
     imports_s = process_age_s()
-    with private_ray(num_cpus=2) as (temp_dir, ray_init_s):
-        started = time.monotonic()
-        algo = config.build_algo()
-        cold_start_s = ray_init_s + time.monotonic() - started
-        try:
-            outside = processes_outside_tree(ray_session_pids(temp_dir))
-            record = rllib_loop(algo, seed, max_env_steps, eval_every)
-            outside += processes_outside_tree(ray_session_pids(temp_dir))
-        finally:
-            algo.stop()
+    with rllib_algorithm(config, num_cpus=2) as peer:
+        outside = peer.processes_outside_tree()
+        record = rllib_loop(peer.algo, seed, max_env_steps, eval_every)
+        outside += peer.processes_outside_tree()
     return {
         "side": "rllib",
         "ray_version": ray.__version__,
         "imports_s": round(imports_s, 3),
-        "ray_init_s": round(ray_init_s, 3),
-        "build_s": round(cold_start_s - ray_init_s, 3),
-        "cold_start_s": round(cold_start_s, 3),
-        "cold_start_with_imports_s": round(imports_s + cold_start_s, 3),
+        "ray_init_s": round(peer.ray_init_s, 3),
+        "build_s": round(peer.cold_start_s - peer.ray_init_s, 3),
+        "cold_start_s": round(peer.cold_start_s, 3),
+        "cold_start_with_imports_s": round(imports_s + peer.cold_start_s, 3),
         "ray_processes_outside_tree": sorted(set(outside)),
         **record,
     }
@@ -447,34 +231,25 @@ def rllib_worker(seed: int, max_env_steps: int, eval_every: int) -> Record:
 
 def workbench_worker(seed: int, total_env_steps: int, mode: str = "actors",
                      env: str = "CartPole-v1") -> Record:
-    import workbench as wb
     from workbench.engine import TrainConfig, train
 
     imports_s = process_age_s()
     code = code_revision()
-    started = time.monotonic()
-    with startup_phase():
-        cluster = wb.local_cluster([("v6e", "2x2")])
-    cluster_start_s = time.monotonic() - started
     outside: set[int] = set()
+    with simulated_slice() as simulated:
+        cluster = simulated.cluster
 
-    def check_tree(_row: dict) -> None:
-        if not outside:
-            outside.update(processes_outside_tree(cluster.process_ids()))
+        def check_tree(_row: dict) -> None:
+            if not outside:
+                outside.update(processes_outside_tree(cluster.process_ids()))
 
-    try:
-        started = time.monotonic()
-        with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-            _ = tpu_slice.chips
-            reserve_s = time.monotonic() - started
-            config = TrainConfig(env=env, mode=mode, total_env_steps=total_env_steps,
-                                 seed=seed, stop_at_target=True)
-            result = train(tpu_slice, config, on_update=check_tree)
-            outside.update(processes_outside_tree(cluster.process_ids()))
-    finally:
-        cluster.shutdown()
+        config = TrainConfig(env=env, mode=mode, total_env_steps=total_env_steps,
+                             seed=seed, stop_at_target=True)
+        result = train(simulated.tpu_slice, config, on_update=check_tree)
+        outside.update(processes_outside_tree(cluster.process_ids()))
     record = result.to_json()
     curve = record.pop("curve")
+    cluster_start_s, reserve_s = simulated.cluster_start_s, simulated.reserve_s
     cold_start_s = cluster_start_s + reserve_s + result.startup_s
     return {
         "side": "workbench",
@@ -499,75 +274,6 @@ def workbench_worker(seed: int, total_env_steps: int, mode: str = "actors",
 # Summary.
 
 
-def _finite_or_none(value: float, digits: int = 3) -> float | None:
-    return None if math.isinf(value) or math.isnan(value) else round(value, digits)
-
-
-def median_or_none(values: list[float | None], lower_is_better: bool = True) -> float | None:
-    """Median over seeds where ``None`` (never reached) counts as the worst value."""
-    worst = math.inf if lower_is_better else -math.inf
-    return _finite_or_none(statistics.median([worst if v is None else v for v in values]))
-
-
-def median_time_bounds(records: list[Record], key: str) -> tuple[float, float]:
-    """Bounds on the median time to a target over seeds.
-
-    A run that never reached it took longer than its whole training loop (``loop_s``), and
-    than any time at all: the median of those stand-ins is a lower bound, the median with
-    infinity in their place an upper bound. Both equal the median when every run got there.
-    """
-    spent = [r[key] if r.get(key) is not None else r.get("loop_s") or 0.0 for r in records]
-    never = [r[key] if r.get(key) is not None else math.inf for r in records]
-    return statistics.median(spent), statistics.median(never)
-
-
-def ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or denominator is None or denominator == 0:
-        return None
-    return round(numerator / denominator, 3)
-
-
-def time_ratio_bounds(rllib: list[Record], workbench: list[Record], key: str
-                      ) -> tuple[float, float]:
-    """Bounds on (RLlib's median time to a target) / (the workbench's)."""
-    rl_low, rl_high = median_time_bounds(rllib, key)
-    wb_low, wb_high = median_time_bounds(workbench, key)
-    low = rl_low / wb_high if wb_high > 0 else math.inf
-    high = rl_high / wb_low if wb_low > 0 else math.inf
-    return low, high
-
-
-def speedup_goal(rllib: list[Record], workbench: list[Record], key: str, need: float) -> Record:
-    """Met when even the lower bound of the ratio reaches ``need``; not met when even the
-    upper bound falls short; ``None`` when a target never reached leaves it open."""
-    low, high = time_ratio_bounds(rllib, workbench, key)
-    met = True if low >= need else False if high < need else None
-    return {"ratio_bounds": [_finite_or_none(low), _finite_or_none(high)], "need": need,
-            "met": met}
-
-
-def at_least(value: float | None, bound: float) -> bool | None:
-    return None if value is None else value >= bound
-
-
-TIME_FIGURES = ("time_to_train_target_s", "env_steps_to_train_target", "time_to_eval_target_s",
-                "cold_start_s", "cold_start_with_imports_s", "imports_s", "peak_rss_mib",
-                "tree_cpu_s")
-
-
-def medians(records: list[Record]) -> Record:
-    figures = {k: median_or_none([r.get(k) for r in records]) for k in TIME_FIGURES}
-    figures["env_steps_per_s"] = median_or_none([r.get("env_steps_per_s") for r in records],
-                                                lower_is_better=False)
-    figures["train_target_reached"] = (
-        f"{sum(r.get('time_to_train_target_s') is not None for r in records)}/{len(records)}"
-    )
-    figures["eval_target_reached"] = (
-        f"{sum(r.get('time_to_eval_target_s') is not None for r in records)}/{len(records)}"
-    )
-    return figures
-
-
 def summarize(rllib: list[Record], workbench: list[Record]) -> Record:
     rl, wb = medians(rllib), medians(workbench)
     train_goal = speedup_goal(rllib, workbench, "time_to_train_target_s",
@@ -579,8 +285,8 @@ def summarize(rllib: list[Record], workbench: list[Record]) -> Record:
         "time_to_train_target_rllib_over_workbench_bounds": train_goal["ratio_bounds"],
         "time_to_eval_target_rllib_over_workbench": ratio(rl["time_to_eval_target_s"],
                                                           wb["time_to_eval_target_s"]),
-        "time_to_eval_target_rllib_over_workbench_bounds": [_finite_or_none(eval_low),
-                                                            _finite_or_none(eval_high)],
+        "time_to_eval_target_rllib_over_workbench_bounds": [finite_or_none(eval_low),
+                                                            finite_or_none(eval_high)],
         "env_steps_to_train_target_rllib_over_workbench": ratio(
             rl["env_steps_to_train_target"], wb["env_steps_to_train_target"]),
         "env_steps_per_s_workbench_over_rllib": ratio(wb["env_steps_per_s"],
@@ -607,43 +313,17 @@ def summarize(rllib: list[Record], workbench: list[Record]) -> Record:
     return {"median": {"rllib": rl, "workbench": wb}, "ratios": ratios, "goals": goals}
 
 
-def code_revision() -> Record:
-    """The commit the workbench was measured at, and whether its files differ from it."""
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*argv: str) -> str:
-        try:
-            done = subprocess.run(["git", *argv], cwd=root, capture_output=True, text=True,
-                                  timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-        return done.stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD") or None,
-            "workbench_modified": bool(git("status", "--porcelain", "--", "workbench"))}
-
-
-def machine() -> Record:
-    load = os.getloadavg()
-    return {"cpus": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "load_avg_1_5_15": [round(x, 2) for x in load], "python": sys.version.split()[0]}
-
-
 def run_benchmark(args: argparse.Namespace) -> Record:
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    log_dir = Path(tempfile.mkdtemp(prefix="bench-ppo-vs-rllib-"))
-    started = time.monotonic()
-    load_before, code_before = machine(), code_revision()
+    seeds = parse_seeds(args.seeds)
+    invocation = Invocation(SCRIPT, "bench-ppo-vs-rllib-", args.worker_timeout_s,
+                            args.startup_retries)
     rllib, workbench = [], []
     for seed in seeds:
-        rllib.append(run_worker(
-            "rllib", seed,
-            ["--rllib-max-env-steps", str(args.rllib_max_env_steps),
-             "--rllib-eval-every", str(args.rllib_eval_every)],
-            args.worker_timeout_s, log_dir, args.startup_retries))
-        workbench.append(run_worker(
-            "workbench", seed, ["--workbench-env-steps", str(args.workbench_env_steps)],
-            args.worker_timeout_s, log_dir, args.startup_retries))
+        rllib.append(invocation.run(
+            "rllib", seed, ["--rllib-max-env-steps", str(args.rllib_max_env_steps),
+                            "--rllib-eval-every", str(args.rllib_eval_every)]))
+        workbench.append(invocation.run(
+            "workbench", seed, ["--workbench-env-steps", str(args.workbench_env_steps)]))
     if not args.keep_curves:
         for record in rllib + workbench:
             record.pop("curve", None)
@@ -658,44 +338,29 @@ def run_benchmark(args: argparse.Namespace) -> Record:
         "rllib_max_env_steps": args.rllib_max_env_steps,
         "rllib_eval_every_iterations": args.rllib_eval_every,
         "workbench_env_steps": args.workbench_env_steps,
-        "code": {**code_before, "changed_during_run": code_revision() != code_before},
-        "machine_before": load_before,
-        "machine_after": machine(),
-        "total_s": round(time.monotonic() - started, 1),
-        "logs": str(log_dir),
+        **invocation.context(),
         **summarize(rllib, workbench),
         "rllib": rllib,
         "workbench": workbench,
     }
 
 
+def work(args: argparse.Namespace) -> Record:
+    if args.worker == "rllib":
+        return rllib_worker(args.seed, args.rllib_max_env_steps, args.rllib_eval_every)
+    return workbench_worker(args.seed, args.workbench_env_steps)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    parser = benchmark_parser(__doc__, ("rllib", "workbench"))
     parser.add_argument("--rllib-max-env-steps", type=int, default=300_000)
     parser.add_argument("--rllib-eval-every", type=int, default=5,
                         help="RLlib iterations (4000 env steps each) between evaluations")
     parser.add_argument("--workbench-env-steps", type=int, default=500_000,
                         help="the workbench's total_env_steps budget")
-    parser.add_argument("--worker-timeout-s", type=float, default=3600.0,
-                        help="deadline for one side's run of one seed")
-    parser.add_argument("--startup-retries", type=int, default=2,
-                        help="new tries for a run whose Ray instance or cluster did not come up")
     parser.add_argument("--keep-curves", action="store_true",
                         help="keep each run's per-iteration/per-update curve in the output")
-    parser.add_argument("--worker", choices=("rllib", "workbench"), help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker == "rllib":
-        record = rllib_worker(args.seed, args.rllib_max_env_steps, args.rllib_eval_every)
-    elif args.worker == "workbench":
-        record = workbench_worker(args.seed, args.workbench_env_steps)
-    else:
-        print(json.dumps(run_benchmark(args), indent=1))
-        return
-    Path(args.out).write_text(json.dumps(record))
+    run_or_work(parser.parse_args(), run_benchmark, work)
 
 
 if __name__ == "__main__":

@@ -10,40 +10,33 @@ reservation, no label selectors), so the ratio is the price of all-or-nothing sl
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
 
+import harness
 import ray
 
 import workbench as wb
 
 
-def _median(values: list[float]) -> float:
-    return round(statistics.median(values), 3)
-
-
 def measure(generation: str, topology: str, repeats: int) -> dict:
     shape = wb.parse_shape(generation, topology)
-    started = time.monotonic()
-    cluster = wb.local_cluster([(generation, topology)])
-    cold_start_s = time.monotonic() - started
+    with harness.timed() as cold_start:
+        cluster = wb.local_cluster([(generation, topology)])
     reserve_s, release_s, peer_s = [], [], []
     try:
         for _ in range(repeats):
-            t0 = time.monotonic()
-            tpu_slice = wb.reserve(generation, topology, timeout_s=60)
-            _ = tpu_slice.chips
-            t1 = time.monotonic()
-            tpu_slice.release()
-            t2 = time.monotonic()
-            reserve_s.append(t1 - t0)
-            release_s.append(t2 - t1)
+            with harness.timed() as reserve:
+                tpu_slice = wb.reserve(generation, topology, timeout_s=60)
+                _ = tpu_slice.chips
+            with harness.timed() as release:
+                tpu_slice.release()
+            reserve_s.append(reserve.s)
+            release_s.append(release.s)
 
-            t0 = time.monotonic()
-            pg = ray.util.placement_group([{"TPU": 1, "CPU": 1}] * shape.chips, strategy="SPREAD")
-            ray.get(pg.ready(), timeout=60)
-            peer_s.append(time.monotonic() - t0)
+            with harness.timed() as peer:
+                pg = ray.util.placement_group([{"TPU": 1, "CPU": 1}] * shape.chips,
+                                              strategy="SPREAD")
+                ray.get(pg.ready(), timeout=60)
+            peer_s.append(peer.s)
             ray.util.remove_placement_group(pg)
     finally:
         cluster.shutdown()
@@ -51,11 +44,11 @@ def measure(generation: str, topology: str, repeats: int) -> dict:
         "shape": shape.label,
         "hosts": shape.hosts,
         "chips": shape.chips,
-        "cold_start_s": round(cold_start_s, 2),
-        "reserve_median_s": _median(reserve_s),
-        "release_median_s": _median(release_s),
-        "peer_plain_placement_group_median_s": _median(peer_s),
-        "reserve_vs_peer_ratio": round(statistics.median(reserve_s) / statistics.median(peer_s), 2),
+        "cold_start_s": round(cold_start.s, 2),
+        "reserve_median_s": harness.median(reserve_s),
+        "release_median_s": harness.median(release_s),
+        "peer_plain_placement_group_median_s": harness.median(peer_s),
+        "reserve_vs_peer_ratio": harness.median_ratio(reserve_s, peer_s, 2),
     }
 
 
@@ -64,8 +57,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     results = [measure("v6e", "2x2", args.repeats), measure("v6e", "4x4", args.repeats)]
-    print(json.dumps({"benchmark": "reserve", "repeats": args.repeats, "results": results},
-                     indent=1))
+    harness.print_result({"benchmark": "reserve", "repeats": args.repeats, "results": results})
 
 
 if __name__ == "__main__":

@@ -27,29 +27,28 @@ workbench4 over workbench1 (what three more chips buy on this machine).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import shutil
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_ppo_vs_rllib import (  # noqa: E402
+import harness
+from harness import (
+    Invocation,
     Record,
-    code_revision,
-    machine,
-    median_or_none,
-    private_ray,
+    at_least,
+    benchmark_parser,
+    parse_seeds,
     process_age_s,
     ratio,
-    run_worker,
-    startup_phase,
+    rllib_algorithm,
+    run_or_work,
+    simulated_slice,
+    timed,
 )
 
+SCRIPT = Path(__file__).resolve()
 SIDES = ("plain", "workbench1", "workbench4")
 GOAL_OVERHEAD = 0.10
 
@@ -79,9 +78,9 @@ def plain_loop(algo: Any, env_steps: int, target: float) -> Record:
 
     loop_s, steps, iterations, hit, last = 0.0, 0, 0, None, None
     while steps < env_steps:
-        started = time.monotonic()
-        result = algo.train()
-        loop_s += time.monotonic() - started
+        with timed() as train_call:
+            result = algo.train()
+        loop_s += train_call.s
         iterations += 1
         runners = result[ENV_RUNNER_RESULTS]
         steps = int(runners[NUM_ENV_STEPS_SAMPLED_LIFETIME])
@@ -101,16 +100,10 @@ def plain_worker(seed: int, env_steps: int, target: float) -> Record:
     config = ppo_config(seed, learners=1)  # imports RLlib and torch before the clock
     imports_s = process_age_s()
     # A learner and two env runners: RLlib asks for a CPU each.
-    with private_ray(num_cpus=4) as (_temp_dir, ray_init_s):
-        started = time.monotonic()
-        algo = config.build_algo()
-        cold_start_s = ray_init_s + time.monotonic() - started
-        try:
-            record = plain_loop(algo, env_steps, target)
-        finally:
-            algo.stop()
+    with rllib_algorithm(config, num_cpus=4) as peer:
+        record = plain_loop(peer.algo, env_steps, target)
     return {"side": "plain", "imports_s": round(imports_s, 3),
-            "ray_init_s": round(ray_init_s, 3), "cold_start_s": round(cold_start_s, 3),
+            "ray_init_s": round(peer.ray_init_s, 3), "cold_start_s": round(peer.cold_start_s, 3),
             **record}
 
 
@@ -119,21 +112,15 @@ def workbench_worker(seed: int, learners: int, env_steps: int, target: float) ->
 
     config = ppo_config(seed, learners)
     imports_s = process_age_s()
-    started = time.monotonic()
-    with startup_phase():
-        cluster = wb.local_cluster([("v6e", "2x2")])
-    cluster_start_s = time.monotonic() - started
-    run_dir = tempfile.mkdtemp(prefix="bench-rllib-engine-")
-    try:
-        started = time.monotonic()
-        with wb.reserve("v6e", "2x2", timeout_s=60, cpus_per_chip=2) as tpu_slice:
-            reserve_s = time.monotonic() - started
+    with simulated_slice(read_chips=False) as simulated:
+        run_dir = tempfile.mkdtemp(prefix="bench-rllib-engine-")
+        try:
             options = wb.RLlibOptions(total_env_steps=env_steps, target_return=target,
                                       checkpoint_every=10**6, run_dir=run_dir)
-            result = wb.train_rllib(tpu_slice, config, options)
-    finally:
-        cluster.shutdown()
-        shutil.rmtree(run_dir, ignore_errors=True)
+            result = wb.train_rllib(simulated.tpu_slice, config, options)
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    cluster_start_s, reserve_s = simulated.cluster_start_s, simulated.reserve_s
     return {
         "side": f"workbench{learners}", "imports_s": round(imports_s, 3),
         "cluster_start_s": round(cluster_start_s, 3), "reserve_s": round(reserve_s, 3),
@@ -154,12 +141,7 @@ FIGURES = ("loop_s", "env_steps", "time_to_train_target_s", "env_steps_to_train_
 
 
 def medians(records: list[Record]) -> Record:
-    figures = {k: median_or_none([r.get(k) for r in records]) for k in FIGURES}
-    figures["env_steps_per_s"] = median_or_none([r.get("env_steps_per_s") for r in records],
-                                                lower_is_better=False)
-    figures["target_reached"] = (
-        f"{sum(r.get('time_to_train_target_s') is not None for r in records)}/{len(records)}")
-    return figures
+    return harness.medians(records, FIGURES, (("target_reached", "time_to_train_target_s"),))
 
 
 def summarize(runs: dict[str, list[Record]]) -> Record:
@@ -182,23 +164,21 @@ def summarize(runs: dict[str, list[Record]]) -> Record:
         "goals": {
             "engine_overhead_at_most_10_percent": {
                 "env_steps_per_s_ratio": throughput, "need_at_least": 1 - GOAL_OVERHEAD,
-                "met": None if throughput is None else throughput >= 1 - GOAL_OVERHEAD,
+                "met": at_least(throughput, 1 - GOAL_OVERHEAD),
             },
         },
     }
 
 
 def run_benchmark(args: argparse.Namespace) -> Record:
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    log_dir = Path(tempfile.mkdtemp(prefix="bench-rllib-engine-"))
-    started = time.monotonic()
-    load_before, code_before = machine(), code_revision()
+    seeds = parse_seeds(args.seeds)
+    invocation = Invocation(SCRIPT, "bench-rllib-engine-", args.worker_timeout_s,
+                            args.startup_retries)
     options = ["--env-steps", str(args.env_steps), "--target-return", str(args.target_return)]
     runs: dict[str, list[Record]] = {side: [] for side in SIDES}
     for seed in seeds:
         for side in SIDES:
-            record = run_worker(side, seed, options, args.worker_timeout_s, log_dir,
-                                args.startup_retries, script=Path(__file__).resolve())
+            record = invocation.run(side, seed, options)
             record.pop("rss_samples", None)
             runs[side].append(record)
     return {
@@ -207,37 +187,24 @@ def run_benchmark(args: argparse.Namespace) -> Record:
         "seeds": seeds,
         "env_steps": args.env_steps,
         "target": f"RLlib's episode_return_mean >= {args.target_return:g}",
-        "code": {**code_before, "changed_during_run": code_revision() != code_before},
-        "machine_before": load_before,
-        "machine_after": machine(),
-        "total_s": round(time.monotonic() - started, 1),
-        "logs": str(log_dir),
+        **invocation.context(),
         **summarize(runs),
         "runs": runs,
     }
 
 
+def work(args: argparse.Namespace) -> Record:
+    if args.worker == "plain":
+        return plain_worker(args.seed, args.env_steps, args.target_return)
+    return workbench_worker(args.seed, int(args.worker[len("workbench"):]), args.env_steps,
+                            args.target_return)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    parser = benchmark_parser(__doc__, SIDES, worker_timeout_s=1800.0)
     parser.add_argument("--env-steps", type=int, default=60_000, help="each run's budget")
     parser.add_argument("--target-return", type=float, default=150.0)
-    parser.add_argument("--worker-timeout-s", type=float, default=1800.0)
-    parser.add_argument("--startup-retries", type=int, default=2)
-    parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker == "plain":
-        record = plain_worker(args.seed, args.env_steps, args.target_return)
-    elif args.worker:
-        record = workbench_worker(args.seed, int(args.worker[len("workbench"):]),
-                                  args.env_steps, args.target_return)
-    else:
-        print(json.dumps(run_benchmark(args), indent=1))
-        return
-    Path(args.out).write_text(json.dumps(record))
+    run_or_work(parser.parse_args(), run_benchmark, work)
 
 
 if __name__ == "__main__":

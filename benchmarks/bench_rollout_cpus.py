@@ -14,9 +14,8 @@ median env-steps/s of each and its ratio to the peer.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
+
+import harness
 
 import workbench as wb
 from workbench.engine import TrainConfig
@@ -36,7 +35,7 @@ def main() -> None:
     counts = [int(c) for c in args.actors_per_host.split(",") if c.strip()]
     if args.repeats < 1 or not counts or any(c not in (1, 2, 4) for c in counts):
         parser.error("--repeats must be at least 1 and --actors-per-host divisors of 4")
-    started = time.monotonic()
+    clock = harness.timed()
     config = TrainConfig(total_env_steps=args.env_steps, **RUN)
     peer = [train_in_process(config.replace(seed=k), chips=4, evaluate=False).env_steps_per_s
             for k in range(args.repeats)]
@@ -47,20 +46,19 @@ def main() -> None:
             runs = [wb.train(tpu_slice, config.replace(seed=k, rollout_actors_per_host=count))
                     for k in range(args.repeats)]
             sides[str(count)] = [r.env_steps_per_s for r in runs]
-    peer_median = statistics.median(peer)
-    print(json.dumps({
+    harness.print_result({
         "benchmark": "rollout_cpus",
         "run": {**RUN, "total_env_steps": args.env_steps},
         "one_process_env_steps_per_s": {"runs": [round(x, 1) for x in peer],
-                                        "median": round(peer_median, 1)},
+                                        "median": harness.median(peer, 1)},
         "slice_env_steps_per_s": {
             count: {"runs": [round(x, 1) for x in values],
-                    "median": round(statistics.median(values), 1),
-                    "over_one_process": round(statistics.median(values) / peer_median, 3)}
+                    "median": harness.median(values, 1),
+                    "over_one_process": harness.median_ratio(values, peer)}
             for count, values in sides.items()
         },
-        "wall_s": round(time.monotonic() - started, 1),
-    }, indent=1))
+        "wall_s": round(clock.s, 1),
+    })
 
 
 if __name__ == "__main__":

@@ -28,19 +28,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+import harness
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from bench_ppo_vs_rllib import machine, run_worker  # noqa: E402
-
+PPO_VS_RLLIB = HERE / "bench_ppo_vs_rllib.py"  # its workers: the cold part's two sides
 ROOT = HERE.parent
 README = ROOT / "README.md"
 BEGIN, END = "<!-- bench_slice_overhead:begin -->", "<!-- bench_slice_overhead:end -->"
@@ -56,22 +53,18 @@ def _bench(script: str, *args: str) -> dict:
     return json.loads(done.stdout)
 
 
-def _median(values: list) -> float | None:
-    known = [v for v in values if v is not None]
-    return round(statistics.median(known), 3) if known else None
-
-
 def cold(runs: int) -> dict:
     log_dir = Path(tempfile.mkdtemp(prefix="bench-cold-"))
     workbench, rllib = [], []
     for seed in range(runs):
         # Empty compile caches for this run only (the worker inherits the environment).
         os.environ["WORKBENCH_JAX_CACHE"] = tempfile.mkdtemp(prefix="cache-", dir=log_dir)
-        workbench.append(run_worker("workbench", seed, ["--workbench-env-steps", "8192"],
-                                    900, log_dir, 2))
-        rllib.append(run_worker("rllib", seed, ["--rllib-max-env-steps", "4000",
-                                                "--rllib-eval-every", "1000"],
-                                900, log_dir, 2))
+        workbench.append(harness.run_worker("workbench", seed,
+                                            ["--workbench-env-steps", "8192"],
+                                            900, log_dir, 2, PPO_VS_RLLIB))
+        rllib.append(harness.run_worker("rllib", seed, ["--rllib-max-env-steps", "4000",
+                                                        "--rllib-eval-every", "1000"],
+                                        900, log_dir, 2, PPO_VS_RLLIB))
     os.environ.pop("WORKBENCH_JAX_CACHE")
     fields = ("imports_s", "cluster_start_s", "reserve_s", "startup_s", "cold_start_s",
               "cold_start_with_imports_s")
@@ -82,8 +75,8 @@ def cold(runs: int) -> dict:
                                          "cold_start_with_imports_s", "error")}
                   for r in rllib],
         "median": {
-            "workbench": {k: _median([r.get(k) for r in workbench]) for k in fields},
-            "rllib": {k: _median([r.get(k) for r in rllib])
+            "workbench": {k: harness.median([r.get(k) for r in workbench]) for k in fields},
+            "rllib": {k: harness.median([r.get(k) for r in rllib])
                       for k in ("imports_s", "cold_start_s", "cold_start_with_imports_s")},
         },
     }
@@ -93,7 +86,7 @@ def run_parts(parts: list[str], runs: int, anakin_seeds: int) -> dict:
     seeds = ",".join(str(s) for s in range(runs))
     record: dict[str, Any] = {}
     for part in parts:
-        started = time.monotonic()
+        clock = harness.timed()
         if part == "cold":
             record[part] = cold(runs)
         elif part == "warm":
@@ -110,15 +103,14 @@ def run_parts(parts: list[str], runs: int, anakin_seeds: int) -> dict:
         elif part == "memory":
             record[part] = {topology: _bench("bench_binder_memory.py", "--topology", topology)
                             for topology in ("1x1", "2x2")}
-        record[part]["part_s"] = round(time.monotonic() - started, 1)
+        record[part]["part_s"] = round(clock.s, 1)
     return record
 
 
 def _row(figure: str, ours: float | None, peer: str, theirs: float | None, unit: str,
          goal: str, met: bool | None) -> dict:
-    ratio = round(ours / theirs, 2) if ours is not None and theirs else None
     return {"figure": figure, "workbench": ours, "peer": peer, "peer_value": theirs,
-            "unit": unit, "ratio": ratio, "goal": goal, "met": met}
+            "unit": unit, "ratio": harness.ratio(ours, theirs, 2), "goal": goal, "met": met}
 
 
 def summary(record: dict) -> list[dict]:
@@ -236,14 +228,14 @@ def main() -> None:
     if unknown or args.runs < 1 or args.anakin_seeds < 1:
         parser.error(f"--parts takes {', '.join(PARTS)} (got {', '.join(unknown) or 'them'}); "
                      "--runs and --anakin-seeds must be at least 1")
-    started = time.monotonic()
-    before = machine()
+    clock = harness.timed()
+    before = harness.machine()
     record = run_parts(parts, args.runs, args.anakin_seeds)
     rows = summary(record)
-    total_s = time.monotonic() - started
-    print(json.dumps({"benchmark": "slice_overhead", "machine_before": before,
-                      "machine_after": machine(), "total_s": round(total_s, 1),
-                      "summary": rows, **record}, indent=1))
+    total_s = clock.s
+    harness.print_result({"benchmark": "slice_overhead", "machine_before": before,
+                          "machine_after": harness.machine(), "total_s": round(total_s, 1),
+                          "summary": rows, **record})
     if args.readme:
         command = ".venv/bin/python benchmarks/bench_slice_overhead.py " + " ".join(
             a for a in sys.argv[1:] if a != "--readme")

@@ -28,9 +28,9 @@ for compiling); the ratio warm/fresh of those medians.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import time
+
+import harness
 
 import workbench as wb
 
@@ -41,10 +41,10 @@ RUN = dict(env="CartPole-v1", mode="actors", total_env_steps=3 * 1024, envs_per_
 def runs_on(tpu_slice, count: int, seed_base: int) -> list[dict]:
     records = []
     for k in range(count):
-        called = time.monotonic()
-        result = wb.train(tpu_slice, wb.TrainConfig(seed=seed_base + k, **RUN))
+        with harness.timed() as call:
+            result = wb.train(tpu_slice, wb.TrainConfig(seed=seed_base + k, **RUN))
         records.append({"seed": seed_base + k, "startup_s": result.startup_s,
-                        "call_s": round(time.monotonic() - called, 3),
+                        "call_s": round(call.s, 3),
                         **result.startup_profile})
     return records
 
@@ -52,7 +52,7 @@ def runs_on(tpu_slice, count: int, seed_base: int) -> list[dict]:
 def side(records: list[dict]) -> dict:
     later = [r["startup_s"] for r in records[1:]] or [records[0]["startup_s"]]
     return {"runs": records, "first_startup_s": records[0]["startup_s"],
-            "median_later_startup_s": round(statistics.median(later), 3)}
+            "median_later_startup_s": harness.median(later)}
 
 
 def main() -> None:
@@ -63,9 +63,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.runs < 1 or args.pause_s < 0:
         parser.error("--runs must be at least 1 and --pause-s at least 0")
-    started = time.monotonic()
+    clock = harness.timed()
     with wb.local_cluster([("v6e", "2x2")]):
-        cluster_s = time.monotonic() - started
+        cluster_s = clock.s
         with wb.reserve("v6e", "2x2", cpus_per_chip=2, keep_learners=False) as tpu_slice:
             fresh = side(runs_on(tpu_slice, args.runs, 100))
         with wb.reserve("v6e", "2x2", cpus_per_chip=2, keep_learners=True) as tpu_slice:
@@ -76,7 +76,7 @@ def main() -> None:
             wb.start_learners(tpu_slice)
             time.sleep(args.pause_s)
             other = runs_on(tpu_slice, 1, 300)[0]
-    print(json.dumps({
+    harness.print_result({
         "benchmark": "startup",
         "shape": "v6e 2x2 (simulated)",
         "run": RUN,
@@ -86,12 +86,12 @@ def main() -> None:
         "warm": warm,
         "warm_for_another_config": other,
         "ratio_warm_over_fresh": {
-            "first_startup_s": round(warm["first_startup_s"] / fresh["first_startup_s"], 3),
-            "median_later_startup_s": round(
-                warm["median_later_startup_s"] / fresh["median_later_startup_s"], 3),
+            "first_startup_s": harness.ratio(warm["first_startup_s"], fresh["first_startup_s"]),
+            "median_later_startup_s": harness.ratio(warm["median_later_startup_s"],
+                                                    fresh["median_later_startup_s"]),
         },
-        "wall_s": round(time.monotonic() - started, 1),
-    }, indent=1))
+        "wall_s": round(clock.s, 1),
+    })
 
 
 if __name__ == "__main__":
