@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from workbench.engine import TrainConfig
-from workbench.engine.metrics import MetricsBoard, MetricsLog, UpdateRecord
+from workbench.engine.metrics import (
+    BoardRun,
+    EvaluatorSpec,
+    MetricsBoard,
+    MetricsLog,
+    ReturnWindow,
+    UpdateRecord,
+)
 from workbench.engine.plan import plan_run
 
 
@@ -25,9 +32,9 @@ def _push(log: MetricsLog, updates: range, ranks: range, returns: list[float] | 
 def test_a_row_closes_only_when_every_chip_has_reported():
     log = MetricsLog(num_chips=2, target_return=475)
     log.add(_record(1, 1))
-    assert log.rows == []
+    assert log.curve == []
     log.add(_record(1, 0))
-    assert [r["update"] for r in log.rows] == [1]
+    assert [r.update for r in log.curve] == [1]
 
 
 def test_records_arriving_out_of_order_still_make_every_row_in_order():
@@ -36,8 +43,8 @@ def test_records_arriving_out_of_order_still_make_every_row_in_order():
     log = MetricsLog(num_chips=2, target_return=475)
     for update, rank in [(2, 0), (2, 1), (1, 1), (3, 0), (1, 0), (3, 1), (2, 0), (1, 1)]:
         log.add(_record(update, rank, [float(update)]))
-    assert [r["update"] for r in log.rows] == [1, 2, 3]
-    assert [r["episodes"] for r in log.rows] == [2, 4, 6]
+    assert [r.update for r in log.curve] == [1, 2, 3]
+    assert [r.episodes for r in log.curve] == [2, 4, 6]
     assert log.pending == {}
 
 
@@ -46,26 +53,26 @@ def test_a_restart_from_a_checkpoint_ahead_of_the_last_joined_row_keeps_the_curv
     log = MetricsLog(num_chips=2, target_return=475)
     _push(log, range(1, 12), range(2))
     log.add(_record(12, 0))
-    assert log.rows[-1]["update"] == 11
+    assert log.curve[-1].update == 11
 
     log.rewind(12)
     _push(log, range(13, 16), range(2), returns=[500.0] * 25)
 
-    assert [r["update"] for r in log.rows] == list(range(1, 12)) + [13, 14, 15]
-    assert log.snapshot(since=12)["train_target_update"] == 14
+    assert [r.update for r in log.curve] == list(range(1, 12)) + [13, 14, 15]
+    assert log.snapshot(since=12).train_target.update == 14
 
 
 def test_a_restart_from_an_older_checkpoint_redoes_the_updates_after_it():
     log = MetricsLog(num_chips=2, target_return=475)
     _push(log, range(1, 12), range(2), returns=[500.0] * 25)
-    assert log.train_target["update"] == 2
+    assert log.target_row.update == 2
     log.rewind(1)
-    assert log.train_target is None and [r["update"] for r in log.rows] == [1]
+    assert log.target_row is None and [r.update for r in log.curve] == [1]
     _push(log, range(2, 4), range(2), returns=[10.0])
-    assert [r["update"] for r in log.rows] == [1, 2, 3]
+    assert [r.update for r in log.curve] == [1, 2, 3]
     # Only update 1's 50 episodes and the 4 redone ones count: the window is not full yet.
-    assert log.rows[-1]["episodes"] == 54 and log.rows[-1]["mean_return_100"] is None
-    assert log.train_target is None
+    assert log.curve[-1].episodes == 54 and log.curve[-1].mean_return_100 is None
+    assert log.target_row is None
 
 
 def test_a_greedy_evaluation_of_a_lost_policy_is_forgotten_on_restart():
@@ -75,8 +82,41 @@ def test_a_greedy_evaluation_of_a_lost_policy_is_forgotten_on_restart():
     log.add_eval(update=8, env_steps=800, mean_return=500.0, time=8.0)
     log.rewind(4)
     snapshot = log.snapshot()
-    assert [e["update"] for e in snapshot["evals"]] == [4]
-    assert snapshot["eval_target_time"] is None
+    assert [e.update for e in snapshot.evals] == [4]
+    assert snapshot.eval_target is None
+
+
+def test_a_row_reads_as_the_curve_records_it():
+    # The keys and their order are the result record's (TrainResult.curve, on_update).
+    log = MetricsLog(num_chips=2, target_return=475)
+    for rank in range(2):
+        log.add(UpdateRecord(update=1, rank=rank, time=1.0 + rank, env_steps=200, steps=200,
+                             episode_returns=[10.0 * (rank + 1)], step_s=0.1 * (rank + 1),
+                             metrics={"loss": 0.5 + rank}, policy_versions=[0]))
+    assert log.rows == [{
+        "update": 1, "time": 2.0, "env_steps": 200, "steps_this_update": 200, "episodes": 2,
+        "episodes_this_update": 2, "mean_return_this_update": 15.0, "mean_return_100": None,
+        "env_steps_per_s": None, "chip_step_s": [0.1, 0.2], "policy_versions": [0],
+        "loss": 0.5,
+    }]
+    assert list(log.rows[0]) == ["update", "time", "env_steps", "steps_this_update",
+                                 "episodes", "episodes_this_update", "mean_return_this_update",
+                                 "mean_return_100", "env_steps_per_s", "chip_step_s",
+                                 "policy_versions", "loss"]
+    assert log.train_target is None
+
+
+def test_a_window_goes_through_a_checkpoint_record_and_seeds_a_resumed_log():
+    log = MetricsLog(num_chips=1, target_return=475)
+    _push(log, range(1, 4), range(1), returns=[7.0])
+    window = log.window_at(2)
+    assert window == ReturnWindow(update=2, recent=[7.0, 7.0], episodes=2)
+    record = window.to_json()
+    assert record == {"update": 2, "recent": [7.0, 7.0], "episodes": 2}
+    resumed = MetricsLog(num_chips=1, target_return=475)
+    resumed.seed(ReturnWindow.from_json(record))
+    _push(resumed, range(3, 4), range(1), returns=[7.0])
+    assert [(r.update, r.episodes) for r in resumed.curve] == [(3, 3)]
 
 
 def _board(env: str) -> tuple[MetricsBoard, dict]:
@@ -88,7 +128,7 @@ def _board(env: str) -> tuple[MetricsBoard, dict]:
     built = agent.build()
     shapes = jax.eval_shape(built.policy, jax.eval_shape(built.init, jax.random.PRNGKey(0)))
     zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
-    return MetricsBoard(1, 475, 4, (env, agent, 0, None, ())), zeros
+    return MetricsBoard(BoardRun(1, 475, 4, EvaluatorSpec(env, agent, 0))), zeros
 
 
 def test_the_board_scores_the_policies_sent_to_it_and_drops_those_a_restart_undoes():
@@ -96,10 +136,10 @@ def test_the_board_scores_the_policies_sent_to_it_and_drops_those_a_restart_undo
     board.evaluate(zeros, update=4, env_steps=400)
     board.evaluate(zeros, update=8, env_steps=800)
     board.rewind(4)  # update 8's policy is gone with its attempt
-    evals = board.snapshot(wait_evals=True)["evals"]
-    assert [(e["update"], e["env_steps"]) for e in evals] == [(4, 400)]
+    evals = board.snapshot(wait_evals=True).evals
+    assert [(e.update, e.env_steps) for e in evals] == [(4, 400)]
     # A policy of zeros always pushes left: CartPole falls over within a dozen steps.
-    assert 5 <= evals[0]["mean_return"] <= 15
+    assert 5 <= evals[0].mean_return <= 15
     final = board.final_returns(zeros, episodes=3)
     assert len(final) == 3 and all(5 <= r <= 15 for r in final)
 
@@ -118,12 +158,12 @@ def test_a_kept_board_serves_the_next_run_with_nothing_of_the_last():
     board.record(_record(1, 0, [12.0]))
     board.evaluate(zeros, update=1, env_steps=100)  # may still run as the next run begins
     agent = plan_run(TrainConfig(env="CartPole-v1")).agent(2)
-    board.begin(2, 475, 4, ("CartPole-v1", agent, 1, None, ()))
+    board.begin(BoardRun(2, 475, 4, EvaluatorSpec("CartPole-v1", agent, 1)))
     board.record(_record(1, 0))
     news = board.snapshot(wait_evals=True)
     # The new run's first update waits for its second chip; the last run's row and
     # evaluation are gone.
-    assert (news["updates"], news["evals"]) == ([], [])
+    assert (news.rows, news.evals) == ([], [])
     board.record(_record(1, 1))
-    assert [r["update"] for r in board.snapshot()["updates"]] == [1]
+    assert [r.update for r in board.snapshot().rows] == [1]
     assert len(board.final_returns(zeros, episodes=2)) == 2

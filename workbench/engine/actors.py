@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from workbench.engine.config import TrainConfig
-from workbench.engine.metrics import UpdateRecord
+from workbench.engine.metrics import ReturnWindow, UpdateRecord
+from workbench.engine.rollouts import FeedSpec
 from workbench.learn.heap import release_freed_memory
 from workbench.learn.joined_mesh import MeshView, check_same_state
 from workbench.learn.learner import LearnerSetup
@@ -38,6 +40,48 @@ class JoinReport:
     """What it described of itself before the join."""
     mesh: MeshView
     """What it saw after."""
+
+
+@dataclass(frozen=True)
+class LearnerReady:
+    """What a chip's learner answers once it is set up for a run (and resumed from the
+    checkpoint when asked)."""
+
+    devices: int
+    """JAX's global device count as this process sees it (every chip of the slice)."""
+    start_update: int
+    """The update the run continues from (0 for a fresh run)."""
+    env_steps: int
+    """Env steps of the run up to ``start_update``."""
+    exact: bool = True
+    """Whether the resume restored the environments too (always so for a fresh run)."""
+    window: ReturnWindow | None = None
+    """The rolling window of returns the checkpoint recorded (rank 0, resumed, when its
+    board answered at the save)."""
+    step: int | None = None
+    """The checkpoint step resumed from."""
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    """What a chip's learner answers when its training loop has ended."""
+
+    updates: int
+    """Updates the learner has done, counting those before a resume."""
+    env_steps: int
+    """Env steps of the whole run, over all chips."""
+    loop_start: float
+    """When this attempt's loop started (``time.time()``)."""
+    checkpoint: str | None
+    """The last checkpoint this chip wrote (rank 0 only; None elsewhere)."""
+    params: Any
+    """The final policy's parameters as numpy (rank 0 only)."""
+    rollouts_replaced: int
+    """Rollout actors that died and were replaced while they fed this chip."""
+    digest: str
+    """A digest of the chip's learner state after its last update. Taken in the loop,
+    not asked for afterwards: a chip lost after its last update would otherwise fail a
+    run that has finished."""
 
 
 TPU_PORT_BASE = 8476
@@ -168,8 +212,8 @@ class ChipLearnerActor:
             learner_class(plan.config.mode)(setup, None).compile()
         release_freed_memory()
 
-    def setup(self, config: TrainConfig, setup: LearnerSetup, mode: str, feed: tuple | None,
-              board, checkpoints: Checkpoints) -> dict:
+    def setup(self, config: TrainConfig, setup: LearnerSetup, mode: str,
+              feed: FeedSpec | None, board, checkpoints: Checkpoints) -> LearnerReady:
         """Build this chip's learner, and resume it from the checkpoint when asked.
 
         Returns what the driver needs of the resume: the update and env steps it continues
@@ -178,8 +222,8 @@ class ChipLearnerActor:
         with self._setting_up:
             return self._setup(config, setup, mode, feed, board, checkpoints)
 
-    def _setup(self, config: TrainConfig, setup: LearnerSetup, mode: str, feed: tuple | None,
-               board, checkpoints: Checkpoints) -> dict:
+    def _setup(self, config: TrainConfig, setup: LearnerSetup, mode: str,
+               feed: FeedSpec | None, board, checkpoints: Checkpoints) -> LearnerReady:
         import jax
 
         from workbench.engine.checkpoint import restore
@@ -193,24 +237,26 @@ class ChipLearnerActor:
         self.checkpoints = checkpoints
         self.board = board
         self.num_updates = setup.agent.num_updates
-        self.feed = RolloutFeed(*feed, rank=self.rank) if feed is not None else None
+        self.feed = RolloutFeed(feed, rank=self.rank) if feed is not None else None
         self.learner = learner_class(mode)(setup, self.feed)
         self.start_update = 0
         self.env_steps = 0
-        answer: dict = {"devices": jax.device_count(), "exact": True, "metrics": None}
-        if checkpoints.resume:
-            restored = restore(checkpoints.directory)
-            self.learner.load_state_leaves(restored.state, restored.update)
-            self.start_update, self.env_steps = restored.update, restored.env_steps
-            answer["exact"] = self.learner.load_resume_state(restored.resume)
-            if self.feed is not None and self.rank == 0:
-                import ray
+        if not checkpoints.resume:
+            return LearnerReady(jax.device_count(), self.start_update, self.env_steps)
+        restored = restore(checkpoints.directory)
+        self.learner.load_state_leaves(restored.state, restored.update)
+        self.start_update, self.env_steps = restored.update, restored.env_steps
+        exact = self.learner.load_resume_state(restored.resume)
+        if self.feed is not None and self.rank == 0:
+            import ray
 
-                answer["exact"] &= ray.get(self.feed.keeper.restore.remote(restored.rollouts))
-            answer["metrics"] = restored.meta.get("metrics")
-            answer["step"] = restored.step
-        answer.update(start_update=self.start_update, env_steps=self.env_steps)
-        return answer
+            exact &= ray.get(self.feed.keeper.restore.remote(restored.rollouts))
+        window = restored.meta.get("metrics")
+        return LearnerReady(
+            devices=jax.device_count(), start_update=self.start_update,
+            env_steps=self.env_steps, exact=exact,
+            window=ReturnWindow.from_json(window) if window else None, step=restored.step,
+        )
 
     def clear(self) -> None:
         """Drop the finished run's learner and buffers, so that a process kept warm for
@@ -255,7 +301,7 @@ class ChipLearnerActor:
             or bool(every_s and time.monotonic() - last_saved_at >= every_s)
         )
 
-    def train(self) -> dict:
+    def train(self) -> TrainOutcome:
         config, learner = self.config, self.learner
         last_saved, last_saved_at = None, time.monotonic()
         loop_start = time.time()
@@ -290,17 +336,15 @@ class ChipLearnerActor:
             if outcome.stop:
                 break
         learner.finish()
-        return {
-            "updates": learner.update_count,
-            "env_steps": self.env_steps,
-            "loop_start": loop_start,
-            "checkpoint": last_saved,
-            "params": learner.policy_numpy() if self.rank == 0 else None,
-            "rollouts_replaced": self.feed.replaced if self.feed is not None else 0,
-            # Taken here, not asked for afterwards: a chip lost after its last update
-            # would otherwise fail a run that has finished.
-            "digest": learner.digest(),
-        }
+        return TrainOutcome(
+            updates=learner.update_count,
+            env_steps=self.env_steps,
+            loop_start=loop_start,
+            checkpoint=last_saved,
+            params=learner.policy_numpy() if self.rank == 0 else None,
+            rollouts_replaced=self.feed.replaced if self.feed is not None else 0,
+            digest=learner.digest(),
+        )
 
     def _save(self, update: int, resume: dict) -> str:
         import ray
@@ -314,10 +358,10 @@ class ChipLearnerActor:
             if any(blob is None for blob in rollouts):
                 rollouts = []
         try:
-            metrics = ray.get(self.board.window.remote(update), timeout=30)
+            window = ray.get(self.board.window.remote(update), timeout=30)
         except Exception:  # the board may be gone; the driver replaces it
-            metrics = None
+            window = None
         meta = {**self.checkpoints.identity, "update": update, "env_steps": self.env_steps,
-                "metrics": metrics}
+                "metrics": window.to_json() if window is not None else None}
         return save(self.checkpoints.directory, update, self.learner.state_leaves(), meta,
                     resume=resume, rollouts=rollouts)

@@ -7,12 +7,12 @@ import contextlib
 import logging
 import time
 
-from workbench.engine.actors import Checkpoints
+from workbench.engine.actors import Checkpoints, LearnerReady
 from workbench.engine.chip_group import attempt_prefix
 from workbench.engine.cluster_state import wait_until_dead
 from workbench.engine.plan import RunPlan
 from workbench.engine.restarts import ChipLost
-from workbench.engine.rollouts import rollout_layout, rollout_runs, start_keeper
+from workbench.engine.rollouts import FeedSpec, rollout_layout, rollout_runs, start_keeper
 from workbench.engine.warm import LearnerGroup, keep, start_group, take
 from workbench.learn import sync as sync_strategies
 from workbench.learn.joined_mesh import MeshMismatchError
@@ -48,11 +48,11 @@ class Attempt:
         self._rollouts_set_up = None
 
     def start(self, distributed_timeout_s: float, sync: str | None,
-              checkpoints: Checkpoints) -> dict:
+              checkpoints: Checkpoints) -> LearnerReady:
         """Start every chip's learner, join them, set up (resuming from ``checkpoints``
-        when they say so) and compile. Returns rank 0's setup (``start_update``,
-        ``env_steps``...). ``sync`` is the strategy resolved by an earlier attempt; the
-        first resolves it from the learners' platform."""
+        when they say so) and compile. Returns rank 0's answer to its setup. ``sync`` is
+        the strategy resolved by an earlier attempt; the first resolves it from the
+        learners' platform."""
         import ray
 
         started = time.monotonic()
@@ -70,11 +70,11 @@ class Attempt:
         log.info("learners %s after %.1f s", "taken warm" if self.warm else "joined",
                  time.monotonic() - started)
         setup = self.plan.learner_setup(num_chips, self.sync)
-        setups = _get_raising_users_errors([
+        setups: list[LearnerReady] = _get_raising_users_errors([
             lr.setup.remote(config, setup, config.mode, feed, self.board, checkpoints)
             for lr, feed in zip(self.learners, feeds, strict=True)
         ])
-        seen = sorted({answer["devices"] for answer in setups})
+        seen = sorted({answer.devices for answer in setups})
         if seen != [num_chips]:
             raise MeshMismatchError(
                 f"The learners of the {tpu_slice.shape.label} slice see {seen} devices, not "
@@ -88,7 +88,7 @@ class Attempt:
         log.info("learners ready after %s", self.profile)
         return setups[0]
 
-    def _start_rollouts(self) -> list[tuple | None]:
+    def _start_rollouts(self) -> list[FeedSpec | None]:
         """Rollout actors for the run, laid out by :func:`rollout_layout`: the ones kept on
         the slice when they fit, set up for this run in the background, else new ones. A
         mode without host rollouts (Anakin) starts none."""
@@ -106,7 +106,8 @@ class Attempt:
         else:
             self.keeper = start_keeper(tpu_slice, layout, runs)
             self.group.hold_rollouts(self.keeper, layout)
-        return [(self.keeper, *layout.fed_by[rank]) for rank in range(tpu_slice.num_chips)]
+        return [FeedSpec(self.keeper, layout.fed_by[rank])
+                for rank in range(tpu_slice.num_chips)]
 
     def launch(self) -> None:
         self.runs = [lr.train.remote() for lr in self.learners]

@@ -20,14 +20,15 @@ import numpy as np
 from workbench.engine.attempt import Attempt
 from workbench.engine.cluster_state import kill_and_wait
 from workbench.engine.config import TrainConfig
+from workbench.engine.metrics import BoardSnapshot, CurveRow, Evaluation, ReturnWindow
 from workbench.engine.plan import RunPlan, check_slice, plan_run, slice_record
 from workbench.engine.restarts import ChipLost, hold_intact_slice
 from workbench.engine.result import TrainResult
 from workbench.engine.shipping import ship_by_value, user_code_of
 from workbench.engine.stops import registered
 from workbench.engine.warm import (
-    board_args,
     board_name,
+    board_run,
     keep_board,
     start_board,
     take_board,
@@ -76,10 +77,10 @@ class _Run:
         self.loop_start: float | None = None
         self.seen = 0
         self.last_env_steps = 0
-        self.history: list[tuple[dict, list[float]]] = []
+        self.history: list[tuple[CurveRow, list[float]]] = []
         """Every row the driver has seen with its episode returns: what a replaced board
         starts from."""
-        self.evals: list[dict] = []
+        self.evals: list[Evaluation] = []
         self.helpers_replaced = 0
         self.board = None
         self.tracker = None
@@ -102,9 +103,9 @@ class _Run:
         self.board = self._start_board()
 
     def _start_board(self, log=None):
-        run_args = board_args(self.plan, self.slice.num_chips, log)
-        return take_board(self.slice, run_args) or start_board(
-            self.slice, run_args, board_name(self.slice, self.helpers_replaced))
+        run = board_run(self.plan, self.slice.num_chips, log)
+        return take_board(self.slice, run) or start_board(
+            self.slice, run, board_name(self.slice, self.helpers_replaced))
 
     # ---- step 2: an attempt, watched until it ends ------------------------------------
 
@@ -125,17 +126,18 @@ class _Run:
         setup = self.attempt.start(self.options.distributed_timeout_s, self.sync, checkpoints)
         self.sync = self.attempt.sync
         if self.restarts:
-            self.env_steps_redone += max(0, self.last_env_steps - setup["env_steps"])
-            self.seen = setup["start_update"]
-            self.history = [h for h in self.history if h[0]["update"] <= self.seen]
+            self.env_steps_redone += max(0, self.last_env_steps - setup.env_steps)
+            self.seen = setup.start_update
+            self.history = [(row, returns) for row, returns in self.history
+                            if row.update <= self.seen]
             ray.get(self.board.rewind.remote(self.seen))
         else:
             if self.resume:
                 # A fresh run continuing a checkpoint: its curve goes on from there.
-                self.resumed_from, self.exact_resume = setup["start_update"], setup["exact"]
-                self.seen = setup["start_update"]
-                window = setup.get("metrics") or {"update": self.seen}
-                ray.get(self.board.seed.remote({**window, "update": self.seen}))
+                self.resumed_from, self.exact_resume = setup.start_update, setup.exact
+                self.seen = setup.start_update
+                window = setup.window or ReturnWindow(self.seen)
+                ray.get(self.board.seed.remote(dataclasses.replace(window, update=self.seen)))
             self.startup_s = time.monotonic() - self.started
             self.startup_profile = {**self.attempt.profile, "warm": self.attempt.warm,
                                     "rollouts_warm": self.attempt.rollouts_warm}
@@ -150,23 +152,24 @@ class _Run:
         while True:
             finished = self.attempt.finished(options.poll_s)
             snapshot = self._snapshot()
-            for row, returns in zip(snapshot["updates"], snapshot["returns"], strict=True):
-                self.seen = row["update"]
-                self.last_env_steps = row["env_steps"]
+            for row, returns in zip(snapshot.rows, snapshot.returns, strict=True):
+                self.seen = row.update
+                self.last_env_steps = row.env_steps
                 self.history.append((row, returns))
                 progress_at = time.monotonic()
+                record = row.to_json()
                 if self.tracker is not None:
-                    self.tracker.log_row(row)
+                    self.tracker.log_row(record)
                 if options.on_update is not None:
-                    options.on_update(row)
+                    options.on_update(record)
             if self.tracker is not None:
-                for evaluation in snapshot["evals"][len(self.evals):]:
-                    self.tracker.log_eval(evaluation)
-            self.evals = snapshot["evals"]
+                for evaluation in snapshot.evals[len(self.evals):]:
+                    self.tracker.log_eval(evaluation.to_json())
+            self.evals = snapshot.evals
             wants_stop = (
                 self.stop_event.is_set()
                 or (options.should_stop is not None and options.should_stop())
-                or (config.stop_at_target and snapshot["train_target_update"] is not None)
+                or (config.stop_at_target and snapshot.train_target is not None)
             )
             if wants_stop and not stop_sent:
                 self.attempt.request_stop()
@@ -180,7 +183,7 @@ class _Run:
                     f"{config.progress_timeout_s:g}): a learner stopped answering"
                 )
 
-    def _snapshot(self) -> dict:
+    def _snapshot(self) -> BoardSnapshot:
         """The board's news since the last row seen, replacing a lost board (it lives on
         the head, off the slice, but a head can lose it too)."""
         import ray
@@ -247,22 +250,25 @@ class _Run:
 
         attempt, config, tpu_slice = self.attempt, self.plan.config, self.slice
         outcomes = ray.get(attempt.runs)
-        digests = [outcome["digest"] for outcome in outcomes]
-        final = self._final_evaluation(outcomes[0]["params"])
+        lead = outcomes[0]
+        final = self._final_evaluation(lead.params)
         # Every chip's pushes were sent before its train() returned; read the history.
-        summary = ray.get(self.board.snapshot.remote(0, True))
-        rows = summary["updates"]
-        loop_end = max(r["time"] for r in rows) if rows else self.loop_start
+        summary: BoardSnapshot = ray.get(self.board.snapshot.remote(0, True))
+        rows = summary.rows
+        loop_end = max(r.time for r in rows) if rows else self.loop_start
         wall_s = loop_end - self.loop_start
-        steps_run = sum(row["steps_this_update"] for row in rows)
+        steps_run = sum(row.steps_this_update for row in rows)
+        train_target, eval_target = summary.train_target, summary.eval_target
         result = TrainResult(
-            env_steps=outcomes[0]["env_steps"],
+            env_steps=lead.env_steps,
             wall_s=round(wall_s, 3),
             final_return=float(np.mean(final)),
             env_steps_per_s=round(steps_run / wall_s, 1) if wall_s > 0 else 0.0,
-            time_to_eval_target_s=_since(summary["eval_target_time"], self.loop_start),
-            time_to_train_target_s=_since(summary["train_target_time"], self.loop_start),
-            env_steps_to_train_target=summary["train_target_env_steps"],
+            time_to_eval_target_s=_since(eval_target.time if eval_target else None,
+                                         self.loop_start),
+            time_to_train_target_s=_since(train_target.time if train_target else None,
+                                          self.loop_start),
+            env_steps_to_train_target=train_target.env_steps if train_target else None,
             startup_s=round(self.startup_s, 3),
             generation=tpu_slice.shape.generation.name,
             topology=tpu_slice.shape.topology,
@@ -273,8 +279,8 @@ class _Run:
             env=config.env,
             sync=self.sync,
             seed=config.seed,
-            updates=outcomes[0]["updates"],
-            checkpoint=outcomes[0]["checkpoint"],
+            updates=lead.updates,
+            checkpoint=lead.checkpoint,
             run_dir=self.plan.run_dir,
             target_return=self.plan.target_return,
             resumed_from_update=self.resumed_from,
@@ -283,21 +289,21 @@ class _Run:
             env_steps_redone=self.env_steps_redone,
             recovery_s=round(self.recovery_s, 3),
             rollout_actors_per_host=self.plan.rollout_actors_per_host(tpu_slice),
-            rollout_actors_replaced=(sum(o["rollouts_replaced"] for o in outcomes)
+            rollout_actors_replaced=(sum(o.rollouts_replaced for o in outcomes)
                                      + self.attempt.rollouts_replaced_at_setup),
             helpers_replaced=self.helpers_replaced,
             startup_profile=self.startup_profile,
-            chip_state_digests=digests,
-            curve=rows,
-            params=outcomes[0]["params"],
+            chip_state_digests=[outcome.digest for outcome in outcomes],
+            curve=[row.to_json() for row in rows],
+            params=lead.params,
             agent=self.plan.agent(tpu_slice.num_chips),
         )
         from workbench.engine.run_dir import write_result
 
         write_result(self.plan, result)
         if self.tracker is not None:
-            for evaluation in summary["evals"][len(self.evals):]:
-                self.tracker.log_eval(evaluation)
+            for evaluation in summary.evals[len(self.evals):]:
+                self.tracker.log_eval(evaluation.to_json())
             self.tracker.log_result({k: v for k, v in result.to_json().items() if k != "curve"})
         self.ended_cleanly = True
         return result

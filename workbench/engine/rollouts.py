@@ -14,6 +14,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from workbench.engine.cluster_state import CPU_ONLY, kill_and_wait, remote
 from workbench.learn.rollout import RolloutBatch, RolloutWorker
@@ -25,20 +26,94 @@ SET_UP_WAIT_S = 600.0
 
 
 @dataclass(frozen=True)
+class RolloutSeat:
+    """Which rollout actor feeds a chip, and which of its parts is the chip's."""
+
+    index: int
+    """The actor's index among the slice's rollout actors."""
+    part: int
+    """The chip's part of that actor's envs (its rank among the chips the actor feeds)."""
+
+
+@dataclass(frozen=True)
+class RolloutKey:
+    """What rollout actors kept from a run must share with the next run to serve it."""
+
+    per_host: int
+    """Rollout actors on each host."""
+    policy_lag: int
+    """Rollouts a learner may have asked for at once (the actors' threads are sized by
+    it)."""
+
+
+@dataclass(frozen=True)
 class RolloutLayout:
     """Where a slice's rollout actors sit and which chips each one feeds."""
 
     options: list[dict]
     """Each actor's Ray options: in the bundle of the first chip it feeds, named
     ``<prefix>:rollout-<i>``."""
-    fed_by: dict[int, tuple[int, int]]
-    """Chip rank -> (actor index, the actor's part for that chip)."""
+    fed_by: dict[int, RolloutSeat]
+    """Chip rank -> the actor and part that feed it."""
     share: int
     """Chips (parts) per actor."""
-    key: tuple[int, int]
-    """(actors per host, policy lag): actors kept from a run serve a run with the same."""
+    key: RolloutKey
+    """Actors kept from a run serve a run with the same."""
     keeper_name: str
     """``<prefix>:rollouts``, the :class:`RolloutKeeper`'s name."""
+
+
+@dataclass(frozen=True)
+class RolloutRun:
+    """One rollout actor's part of a run (what :meth:`SharedRollout.setup` takes)."""
+
+    env_id: Any
+    """The env's id or reference (:attr:`~workbench.engine.plan.RunPlan.env_ref`)."""
+    envs_per_part: int
+    """Envs stepped for each chip the actor feeds."""
+    parts: int
+    """Chips the actor feeds."""
+    rollout_length: int
+    agent: Any
+    """The run's :class:`~workbench.learn.learner.AgentSpec`."""
+    seed: int
+    index: int
+    """The actor's index among the slice's rollout actors (its envs' seeds follow)."""
+    policy_lag: int = 1
+    wrappers: tuple = ()
+    wait_s: float = 600.0
+    """How long a part's request waits for the others of its rollout."""
+
+
+@dataclass(frozen=True)
+class FeedSpec:
+    """Where one chip's learner finds its rollouts (what it builds a :class:`RolloutFeed`
+    from)."""
+
+    keeper: Any
+    """The slice's :class:`RolloutKeeper` actor."""
+    seat: RolloutSeat
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """The keeper's answer to a learner whose rollout actor died."""
+
+    actor: Any
+    """The actor that stands for the dead one."""
+    started: bool
+    """Whether this request started it (the first of the actor's learners to ask)."""
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """A batch a learner asked its rollout actor for, kept until it is taken so that it
+    can be asked for again of a replacement."""
+
+    policy: Any
+    """A reference to the policy's parameters in the object store."""
+    policy_version: int
+    for_update: int
 
 
 def rollout_layout(tpu_slice, prefix: str, per_host: int, policy_lag: int) -> RolloutLayout:
@@ -47,7 +122,7 @@ def rollout_layout(tpu_slice, prefix: str, per_host: int, policy_lag: int) -> Ro
     flight and one for checkpoint snapshots."""
     share = tpu_slice.shape.chips_per_host // per_host
     options: list[dict] = []
-    fed_by: dict[int, tuple[int, int]] = {}
+    fed_by: dict[int, RolloutSeat] = {}
     for host in tpu_slice.hosts:
         for k in range(per_host):
             ranks = host.chips[k * share:(k + 1) * share]
@@ -57,21 +132,24 @@ def rollout_layout(tpu_slice, prefix: str, per_host: int, policy_lag: int) -> Ro
                                 scheduling_strategy=tpu_slice.scheduling(ranks[0]),
                                 name=f"{prefix}:rollout-{index}"))
             for part, rank in enumerate(ranks):
-                fed_by[rank] = (index, part)
-    return RolloutLayout(options, fed_by, share, (per_host, policy_lag), f"{prefix}:rollouts")
+                fed_by[rank] = RolloutSeat(index, part)
+    return RolloutLayout(options, fed_by, share, RolloutKey(per_host, policy_lag),
+                         f"{prefix}:rollouts")
 
 
-def rollout_runs(plan, layout: RolloutLayout, num_chips: int) -> list[tuple]:
+def rollout_runs(plan, layout: RolloutLayout, num_chips: int) -> list[RolloutRun]:
     """Each rollout actor's part of a run of ``plan`` (a
-    :class:`~workbench.engine.plan.RunPlan`): the :meth:`SharedRollout.setup` arguments."""
+    :class:`~workbench.engine.plan.RunPlan`)."""
     config = plan.config
     agent = plan.agent(num_chips)
-    return [(plan.env_ref, config.envs_per_chip, layout.share, config.rollout_length, agent,
-             config.seed, index, config.policy_lag, config.wrappers)
+    return [RolloutRun(env_id=plan.env_ref, envs_per_part=config.envs_per_chip,
+                       parts=layout.share, rollout_length=config.rollout_length, agent=agent,
+                       seed=config.seed, index=index, policy_lag=config.policy_lag,
+                       wrappers=config.wrappers)
             for index in range(len(layout.options))]
 
 
-def start_keeper(tpu_slice, layout: RolloutLayout, runs: list[tuple] | None = None):
+def start_keeper(tpu_slice, layout: RolloutLayout, runs: list[RolloutRun] | None = None):
     """A :class:`RolloutKeeper` for ``layout`` (on rank 0's bundle, no CPU of its own),
     its actors given ``runs`` or, without, started empty for a later run."""
     return remote(RolloutKeeper, num_cpus=0, max_concurrency=len(layout.fed_by) + 2).options(
@@ -101,7 +179,7 @@ class SharedRollout:
     every run. Run as a Ray actor with one thread per request that can be in flight.
     """
 
-    def __init__(self, *run) -> None:
+    def __init__(self, run: RolloutRun | None = None) -> None:
         import jax  # noqa: F401  (imported now: an actor kept between runs starts no import)
 
         from workbench.learn.platform import use_compile_cache
@@ -110,21 +188,19 @@ class SharedRollout:
         use_compile_cache()
         self._cond = threading.Condition()
         self.worker: RolloutWorker | None = None
-        if run:
-            self.setup(*run)
+        if run is not None:
+            self.setup(run)
 
-    def setup(self, env_id: str, envs_per_part: int, parts: int, rollout_length: int, agent,
-              seed: int, index: int, policy_lag: int = 1, wrappers: tuple = (),
-              wait_s: float = 600.0) -> None:
+    def setup(self, run: RolloutRun) -> None:
         """Make this actor a run's: its envs, its policy, its seed. An actor kept from an
         earlier run (see :class:`RolloutKeeper`) keeps nothing of it but the process."""
-        self.worker = RolloutWorker(env_id, envs_per_part * parts, rollout_length, agent,
-                                    seed, index, keep_snapshots=policy_lag + 1,
-                                    wrappers=wrappers)
+        self.worker = RolloutWorker(run.env_id, run.envs_per_part * run.parts,
+                                    run.rollout_length, run.agent, run.seed, run.index,
+                                    keep_snapshots=run.policy_lag + 1, wrappers=run.wrappers)
         # Compiled now, while the learners start, not in the first rollout.
         self.worker.prepare()
-        self.parts = parts
-        self.wait_s = wait_s
+        self.parts = run.parts
+        self.wait_s = run.wait_s
         self._forget_requests()
 
     def _forget_requests(self) -> None:
@@ -214,7 +290,7 @@ class RolloutKeeper:
     own envs and policy (:meth:`setup`) and takes them back empty (:meth:`clear`).
     """
 
-    def __init__(self, options: list[dict], runs: list[tuple] | None = None) -> None:
+    def __init__(self, options: list[dict], runs: list[RolloutRun] | None = None) -> None:
         import ray
 
         self._cls = ray.remote(SharedRollout)
@@ -232,13 +308,12 @@ class RolloutKeeper:
         options = self._options[index]
         if self.replaced:
             options = {**options, "name": f"{options['name']}.{self.replaced}"}
-        run = self._runs[index] if self._runs is not None else ()
-        return self._cls.options(**options).remote(*run)
+        run = self._runs[index] if self._runs is not None else None
+        return self._cls.options(**options).remote(run)
 
-    def setup(self, runs: list[tuple]) -> int:
-        """Give every actor its part of a new run (``runs[i]``: actor ``i``'s
-        :meth:`SharedRollout.setup` arguments); an actor found dead is replaced. Returns
-        how many were."""
+    def setup(self, runs: list[RolloutRun]) -> int:
+        """Give every actor its part of a new run (``runs[i]``: actor ``i``'s); an actor
+        found dead is replaced. Returns how many were."""
         import ray
 
         replaced = 0
@@ -246,7 +321,7 @@ class RolloutKeeper:
         try:
             with self._lock:
                 self._runs = runs
-                calls = [actor.setup.remote(*run)
+                calls = [actor.setup.remote(run)
                          for actor, run in zip(self.actors, runs, strict=True)]
             for index, call in enumerate(calls):
                 try:
@@ -301,7 +376,7 @@ class RolloutKeeper:
         return all(ray.get([actor.restore.remote(s)
                             for actor, s in zip(self.actors, snapshots, strict=True)]))
 
-    def replace(self, index: int, dead_actor_id: str) -> tuple:
+    def replace(self, index: int, dead_actor_id: str) -> Replacement:
         """The actor that stands for the dead one, and whether this call started it (the
         first of the learners it fed to ask, unless :meth:`setup` replaced it already)."""
         with self._lock:
@@ -309,7 +384,7 @@ class RolloutKeeper:
             if started:
                 self.replaced += 1
                 self.actors[index] = self._start(index)
-            return self.actors[index], started
+            return Replacement(self.actors[index], started)
 
 
 class RolloutFeed:
@@ -317,20 +392,27 @@ class RolloutFeed:
     the keeper, which replaces the actor if it dies (only its batches in flight are lost,
     and asked for again from the new one)."""
 
-    def __init__(self, keeper, index: int, part: int, rank: int) -> None:
+    def __init__(self, spec: FeedSpec, rank: int) -> None:
         import ray
 
-        self.keeper, self.index, self.part, self.rank = keeper, index, part, rank
-        self.actor = ray.get(keeper.actor.remote(index))
+        self.keeper, self.rank = spec.keeper, rank
+        self.index, self.part = spec.seat.index, spec.seat.part
+        self.actor = ray.get(self.keeper.actor.remote(self.index))
         self.replaced = 0
-        self._in_flight: deque = deque()
+        self._in_flight: deque[tuple[RolloutRequest, Any]] = deque()
         """(request, future) of every batch asked for, oldest first."""
+
+    def _ask(self, request: RolloutRequest):
+        # NOTE: the policy's reference goes as an argument of its own, not inside the
+        # request: Ray hands an actor the value only of references passed at the top.
+        return self.actor.sample.remote(request.policy, request.policy_version,
+                                        request.for_update, self.part)
 
     def request(self, policy, policy_version: int, for_update: int) -> None:
         import ray
 
-        asked = (ray.put(policy), policy_version, for_update)
-        self._in_flight.append((asked, self.actor.sample.remote(*asked, self.part)))
+        request = RolloutRequest(ray.put(policy), policy_version, for_update)
+        self._in_flight.append((request, self._ask(request)))
 
     def take(self) -> list[RolloutBatch]:
         import ray
@@ -343,12 +425,13 @@ class RolloutFeed:
             # asks the keeper, which starts one replacement for all of them, and asks it
             # again for the same updates with the same policies.
             dead = self.actor._actor_id.hex()
-            self.actor, started = ray.get(self.keeper.replace.remote(self.index, dead))
-            self.replaced += started
+            replacement = ray.get(self.keeper.replace.remote(self.index, dead))
+            self.actor = replacement.actor
+            self.replaced += replacement.started
             log.warning("chip %d: rollout actor %s died; continuing with a new one",
                         self.rank, dead[:8])
-            self._in_flight = deque((a, self.actor.sample.remote(*a, self.part))
-                                    for a, _ in self._in_flight)
+            self._in_flight = deque((request, self._ask(request))
+                                    for request, _ in self._in_flight)
             batch = ray.get(self._in_flight[0][1])
         self._in_flight.popleft()
         return [batch]

@@ -29,7 +29,8 @@ from workbench.engine.chip_group import issue_joins, start_chip_actors, wait_for
 from workbench.engine.cluster_state import CPU_ONLY, head_node_affinity, kill_and_wait, remote
 from workbench.engine.config import TrainConfig
 from workbench.engine.fields import ConfigError
-from workbench.engine.metrics import MetricsLog, UpdateRecord
+from workbench.engine.metrics import CurveRow, MetricsLog, UpdateRecord
+from workbench.engine.result import TrainResult
 from workbench.engine.statistics import curve_band, summarize
 from workbench.engine.sweep_plan import (
     GridPoint,
@@ -135,18 +136,46 @@ def draw_bands(ax, trials: Sequence[dict], configs: Sequence[dict],
 
 # ---- the board and the per-chip actor ----------------------------------------------------
 
+@dataclass(frozen=True)
+class TrialRecord:
+    """What a chip reports of one of its trials after one update of the program."""
+
+    trial: int
+    """The trial's index in its program's group (not in the whole sweep)."""
+    update: int
+    time: float
+    env_steps: int
+    """The trial's env steps so far."""
+    steps: int
+    """Env steps this update added to the trial."""
+    returns: list[float]
+    """Returns of the trial's episodes that finished in the update."""
+    metrics: dict[str, float]
+    step_s: float
+    """Seconds of the update (of every trial of the chip together)."""
+
+
+@dataclass(frozen=True)
+class TrialsOutcome:
+    """What a chip answers when its share of a program's trials has ended."""
+
+    final: dict[int, float]
+    """Mean greedy return of each of its trials, by index in the program's group."""
+    updates: int
+
+
 class SweepBoard:
     """Where every chip's per-update trial records go; the driver reads them in order."""
 
     def __init__(self) -> None:
-        self.records: list[dict] = []
+        self.records: list[TrialRecord] = []
         self._lock = threading.Lock()
 
-    def record(self, records: list[dict]) -> None:
+    def record(self, records: list[TrialRecord]) -> None:
         with self._lock:
             self.records.extend(records)
 
-    def since(self, index: int) -> list[dict]:
+    def since(self, index: int) -> list[TrialRecord]:
         with self._lock:
             return self.records[index:]
 
@@ -177,9 +206,9 @@ class TrialsActor:
     def request_stop(self) -> None:
         self._stop = True
 
-    def run(self, board, num_updates: int, steps_per_update: int) -> dict:
+    def run(self, board, num_updates: int, steps_per_update: int) -> TrialsOutcome:
         """Every update of this chip's trials, each pushed to ``board``; then a greedy
-        evaluation of each trial. Returns the final returns by trial index."""
+        evaluation of each trial."""
         learner = self.learner
         for update in range(num_updates):
             if self._stop:
@@ -187,12 +216,12 @@ class TrialsActor:
             metrics, returns, step_s = learner.step()
             now = time.time()
             board.record.remote([
-                {"trial": trial, "update": update + 1, "time": now,
-                 "env_steps": (update + 1) * steps_per_update, "steps": steps_per_update,
-                 "returns": returns[trial], "metrics": metrics[trial], "step_s": step_s}
+                TrialRecord(trial=trial, update=update + 1, time=now,
+                            env_steps=(update + 1) * steps_per_update, steps=steps_per_update,
+                            returns=returns[trial], metrics=metrics[trial], step_s=step_s)
                 for trial in learner.local_trials
             ])
-        return {"final": learner.final_returns(), "updates": learner.updates}
+        return TrialsOutcome(final=learner.final_returns(), updates=learner.updates)
 
 
 # ---- the sweep ---------------------------------------------------------------------------
@@ -217,29 +246,64 @@ def _raise_if_failed(runs: list, finished: list) -> None:
                               f"{type(error).__name__}: {reason}") from error
 
 
+@dataclass(frozen=True)
+class _TrialCurve:
+    """A trial's curve as its record gives it, and when it first reached the target."""
+
+    rows: list[dict]
+    time_to_train_target_s: float | None = None
+    env_steps_to_train_target: int | None = None
+    mean_return_100: float | None = None
+    """At the end."""
+
+
 @dataclass
 class _Curves:
-    """The driver's per-trial logs."""
+    """The driver's per-trial logs (Anakin programs) and results (queued runs), by the
+    trial's index in the sweep."""
 
     target: float | None
     logs: dict[int, MetricsLog] = field(default_factory=dict)
     loop_start: dict[int, float] = field(default_factory=dict)
+    runs: dict[int, TrainResult] = field(default_factory=dict)
+    """The result of each queued trial's run."""
 
-    def add(self, record: dict) -> list[dict]:
-        """Take one update's record of one trial; returns the rows it completed."""
-        trial = record["trial"]
+    def add(self, trial: int, record: TrialRecord) -> list[CurveRow]:
+        """Take one update's record of ``trial``; returns the rows it completed."""
         log_ = self.logs.setdefault(trial, MetricsLog(1, self.target))
-        self.loop_start.setdefault(trial, record["time"] - record["step_s"])
-        closed = len(log_.rows)
-        log_.add(UpdateRecord(record["update"], 0, record["time"], record["env_steps"],
-                              record["steps"], record["returns"], record["step_s"],
-                              record["metrics"]))
-        return log_.rows[closed:]
+        self.loop_start.setdefault(trial, record.time - record.step_s)
+        closed = len(log_.curve)
+        log_.add(UpdateRecord(update=record.update, rank=0, time=record.time,
+                              env_steps=record.env_steps, steps=record.steps,
+                              episode_returns=record.returns, step_s=record.step_s,
+                              metrics=record.metrics))
+        return log_.curve[closed:]
 
     def forget(self, trial: int) -> None:
         """Drop a trial's log: its program runs again from the start."""
         self.logs.pop(trial, None)
         self.loop_start.pop(trial, None)
+
+    def of(self, trial: int) -> _TrialCurve:
+        """What the sweep's record says of ``trial``'s curve."""
+        run = self.runs.get(trial)
+        if run is not None:
+            # The run measured its own time to target, from its loop's start.
+            hit = run.time_to_train_target_s
+            return _TrialCurve(
+                list(run.curve), None if hit is None else round(hit, 3),
+                run.env_steps_to_train_target if hit is not None else None,
+                run.curve[-1]["mean_return_100"] if run.curve else None)
+        log_ = self.logs.get(trial)
+        if log_ is None:
+            return _TrialCurve([])
+        target, start = log_.target_row, self.loop_start.get(trial)
+        return _TrialCurve(
+            log_.rows,
+            round(target.time - start, 3) if target is not None and start is not None
+            else None,
+            target.env_steps if target is not None else None,
+            log_.curve[-1].mean_return_100 if log_.curve else None)
 
 
 def sweep(tpu_slice, config: TrainConfig | None = None, *,
@@ -444,6 +508,7 @@ class _SweepRun:
         return self.trackers[trial.index]
 
     def _row(self, trial: Trial, row: dict) -> None:
+        """Pass on one of ``trial``'s rows, as the curve records it."""
         tracker = self._tracker(trial)
         if tracker is not None:
             tracker.log_row(row)
@@ -508,7 +573,7 @@ class _SweepRun:
             self._drain(group, board)
             for outcome in outcomes:
                 self.finals.update({group.trials[i].index: v
-                                    for i, v in outcome["final"].items()})
+                                    for i, v in outcome.final.items()})
         finally:
             kill_and_wait(actors + [board])
 
@@ -555,9 +620,9 @@ class _SweepRun:
 
         for record in ray.get(board.since.remote(self._seen), timeout=60):
             self._seen += 1
-            trial = group.trials[record["trial"]]
-            for row in self.curves.add({**record, "trial": trial.index}):
-                self._row(trial, row)
+            trial = group.trials[record.trial]
+            for row in self.curves.add(trial.index, record):
+                self._row(trial, row.to_json())
             if actors is not None:
                 self._stop_chips_if_asked(actors)
 
@@ -583,14 +648,7 @@ class _SweepRun:
         if not self.startup_s:
             self.startup_s = result.startup_s
         self.wall_s += result.wall_s
-        log_ = MetricsLog(1, self.plan.target_return)
-        log_.rows = list(result.curve)
-        # The run measured its own time to target; times here count from its loop's start.
-        if result.time_to_train_target_s is not None:
-            log_.train_target = {"time": result.time_to_train_target_s,
-                                 "env_steps": result.env_steps_to_train_target}
-        self.curves.logs[trial.index] = log_
-        self.curves.loop_start[trial.index] = 0.0
+        self.curves.runs[trial.index] = result
         self.finals[trial.index] = result.final_return
         if self._wants_stop():
             self.stopped = True
@@ -603,22 +661,18 @@ class _SweepRun:
         plan, tpu_slice = self.plan, self.slice
         trials = []
         for trial in plan.trials:
-            log_ = self.curves.logs.get(trial.index)
-            rows = log_.rows if log_ else []
-            target = log_.train_target if log_ else None
-            start = self.curves.loop_start.get(trial.index)
+            curve = self.curves.of(trial.index)
             trials.append({
                 "trial": trial.index,
                 "config": trial.point.index,
                 "seed": trial.seed,
                 "overrides": dict(trial.point.overrides),
                 "final_return": self.finals.get(trial.index),
-                "time_to_train_target_s": (round(target["time"] - start, 3)
-                                           if target and start is not None else None),
-                "env_steps_to_train_target": target["env_steps"] if target else None,
-                "mean_return_100": rows[-1]["mean_return_100"] if rows else None,
-                "updates": len(rows),
-                "curve": rows,
+                "time_to_train_target_s": curve.time_to_train_target_s,
+                "env_steps_to_train_target": curve.env_steps_to_train_target,
+                "mean_return_100": curve.mean_return_100,
+                "updates": len(curve.rows),
+                "curve": curve.rows,
             })
             tracker = self.trackers.get(trial.index)
             if tracker is not None:

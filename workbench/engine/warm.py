@@ -29,8 +29,9 @@ from workbench.engine.chip_group import (
 )
 from workbench.engine.cluster_state import head_node_affinity, kill_and_wait, remote
 from workbench.engine.config import TrainConfig
-from workbench.engine.metrics import MetricsBoard
+from workbench.engine.metrics import BoardRun, EvaluatorSpec, MetricsBoard
 from workbench.engine.rollouts import (
+    RolloutKey,
     RolloutLayout,
     rollout_layout,
     rollout_runs,
@@ -55,8 +56,9 @@ class LearnerGroup:
     rollout_keeper: object = None
     """The rollout actors' keeper, kept with the learners (None until a run or
     :func:`start_learners` starts one)."""
-    rollout_key: tuple | None = None
-    """The :class:`~workbench.engine.rollouts.RolloutLayout` key they were started for."""
+    rollout_key: RolloutKey | None = None
+    """The key of the :class:`~workbench.engine.rollouts.RolloutLayout` they were started
+    for."""
 
     def wait_joined(self, timeout_s: float) -> str:
         """Block until every learner has joined and checked its mesh; returns the
@@ -148,7 +150,7 @@ def start_learners(tpu_slice, config: TrainConfig | None = None,
     _keep(tpu_slice, group)
     if tpu_slice not in _kept_boards:
         # The run's board too, its evaluator built for ``config``.
-        _keep_board(tpu_slice, start_board(tpu_slice, board_args(plan, tpu_slice.num_chips),
+        _keep_board(tpu_slice, start_board(tpu_slice, board_run(plan, tpu_slice.num_chips),
                                            board_name(tpu_slice)))
 
 
@@ -220,23 +222,25 @@ def _placement_group_id(tpu_slice) -> str:
 _kept_boards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def board_args(plan, num_chips: int, log=None) -> tuple:
-    """A run's :class:`~workbench.engine.metrics.MetricsBoard` arguments (those of its
-    ``begin``), continuing ``log`` when given."""
+def board_run(plan, num_chips: int, log=None) -> BoardRun:
+    """What a run's :class:`~workbench.engine.metrics.MetricsBoard` is started (or begun)
+    with, continuing ``log`` when given."""
     jax_env = plan.jax_env.make if plan.jax_env is not None else None
-    evaluator_args = (plan.env_ref or plan.config.env, plan.agent(num_chips),
-                      plan.config.seed, jax_env, plan.config.wrappers)
-    return num_chips, plan.target_return, plan.config.eval_episodes, evaluator_args, log
+    evaluator = EvaluatorSpec(env=plan.env_ref or plan.config.env, agent=plan.agent(num_chips),
+                              seed=plan.config.seed, jax_env=jax_env,
+                              wrappers=plan.config.wrappers)
+    return BoardRun(num_chips=num_chips, target_return=plan.target_return,
+                    eval_episodes=plan.config.eval_episodes, evaluator=evaluator, log=log)
 
 
-def start_board(tpu_slice, run_args: tuple, name: str):
+def start_board(tpu_slice, run: BoardRun, name: str):
     """Start a metrics board for a run on ``tpu_slice``, on the cluster's head."""
     # Threaded: a checkpointing chip waits in window() while records keep coming, and the
     # final evaluation waits for its episodes. No runtime_env (it would need a fresh
     # worker process): the board picks JAX's platform itself.
     return remote(MetricsBoard, num_cpus=0, max_concurrency=tpu_slice.num_chips + 4).options(
         scheduling_strategy=head_node_affinity(), name=name,
-    ).remote(*run_args)
+    ).remote(run)
 
 
 def board_name(tpu_slice, replaced: int = 0) -> str:
@@ -245,16 +249,16 @@ def board_name(tpu_slice, replaced: int = 0) -> str:
     return f"{tpu_slice.name}:board" + (f".{replaced}" if replaced else "")
 
 
-def take_board(tpu_slice, run_args: tuple):
-    """The slice's kept metrics board, set up for a new run with ``run_args``
-    (:func:`board_args`), or ``None`` when it has none that answers."""
+def take_board(tpu_slice, run: BoardRun):
+    """The slice's kept metrics board, set up for a new run of ``run``
+    (:func:`board_run`), or ``None`` when it has none that answers."""
     import ray
 
     board = _kept_boards.pop(tpu_slice, None)
     if board is None:
         return None
     try:
-        ray.get(board.begin.remote(*run_args), timeout=30)
+        ray.get(board.begin.remote(run), timeout=30)
     except Exception as error:
         log.info("the kept metrics board is not usable (%s); starting a new one", error)
         with contextlib.suppress(Exception):
