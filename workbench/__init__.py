@@ -8,6 +8,7 @@ The few names a notebook needs::
         result = wb.train(tpu_slice, wb.TrainConfig(env="CartPole-v1"))
         sweep = wb.sweep(tpu_slice, wb.TrainConfig(mode="anakin", env="workbench/CartPole-v1"),
                          seeds="0-63", grid={"ppo.learning_rate": [1e-3, 5e-4]})
+    report = wb.plan(("v6e", "4x4"), wb.TrainConfig(env="CartPole-v1"))  # fits? (libtpu)
 
 The layers are packages: :mod:`workbench.tpu` (where chips come from),
 :mod:`workbench.engine` (a run on a slice), :mod:`workbench.learn` (what a chip runs),
@@ -55,10 +56,13 @@ from workbench.engine import (
     train,
     train_rllib,
 )
+from workbench.engine.fit import FitReport
+from workbench.engine.fit import plan_fit as plan
 
 __all__ = [
     "CatalogError",
     "ClusterError",
+    "FitReport",
     "LoadedPolicy",
     "RLlibOptions",
     "SweepResult",
@@ -81,6 +85,7 @@ __all__ = [
     "load",
     "local_cluster",
     "parse_shape",
+    "plan",
     "reserve",
     "serve_policy",
     "start_learners",

@@ -1,6 +1,6 @@
 """The ``workbench`` command line; each subcommand is a thin call into the Python API.
 
-``workbench train``'s flags are derived from the configs: every field of
+``workbench train``'s (and ``workbench plan``'s) flags are derived from the configs: every field of
 :class:`~workbench.engine.TrainConfig` and of the chosen algorithm's config dataclass is a
 flag, with its docstring as help and its default. A run can also come from a YAML or JSON
 file (``--config run.yaml``), which flags override.
@@ -387,6 +387,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     algorithm = algos.get(args.algo_name)
     config, shape = train_config_from(args, algorithm)
     _check_before_start(args, config, shape)
+    if getattr(args, "check_fit", False):
+        _check_fit(config, shape)
     record, _ = _train_jax(args, config, shape)
     summary = {k: v for k, v in record.items() if k != "curve"}
     print(json.dumps(summary, indent=1))
@@ -394,6 +396,69 @@ def cmd_train(args: argparse.Namespace) -> int:
         with open(args.json, "w") as out:
             json.dump(record, out, indent=1)
     return 0
+
+
+def _check_fit(config, shape: SliceShape) -> None:
+    """Refuse, before any cluster starts, a run whose learner does not fit the slice's
+    chips, compiled for the real TPU target (``--check-fit``; needs libtpu).
+
+    Raises:
+        ValueError: the run does not fit, naming the bytes needed and those a chip has.
+        ImportError: libtpu is not installed, naming the extra.
+    """
+    from workbench.engine.fit import plan_fit_isolated
+
+    print(f"Compiling the learner for {shape.pod_type} to check that it fits...",
+          file=sys.stderr)
+    report = plan_fit_isolated(shape, config)
+    if not report.fits:
+        raise ValueError(report.shortfall())
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Compile the run's learner for the TPU slice, without one, and say whether it fits."""
+    from workbench import algos
+    from workbench.engine.fit import plan_fit
+    from workbench.tpu.targets import TpuCompilerMissingError, libtpu_installed
+
+    algorithm = algos.get(args.algo_name)
+    config, shape = train_config_from(args, algorithm)
+    if not libtpu_installed():
+        raise TpuCompilerMissingError("workbench plan")
+    import jax
+
+    # This process only compiles: on a TPU host it must leave the chips (and libtpu's lock)
+    # to the learners.
+    jax.config.update("jax_platforms", "cpu")
+    report = plan_fit(shape, config, layout=args.layout)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    elif report.fits:
+        print(report.summary())
+    if not report.fits:
+        print(f"workbench: {report.shortfall()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _plan_options(parser: argparse.ArgumentParser, algorithm) -> None:
+    """``plan``'s options: the slice, and the run's fields as ``train`` takes them."""
+    from workbench import algos
+    from workbench.engine import TrainConfig
+
+    parser.add_argument("--generation", help="TPU generation (default: v6e)")
+    parser.add_argument("--topology", help="slice topology (default: 2x2)")
+    parser.add_argument("--layout", choices=["host", "chip"], default="host",
+                        help="JAX processes per host (host) or per chip (chip): the compiled "
+                             "programs are the same (default: host)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--config", help="a YAML or JSON file of the run's fields")
+    add_config_flags(parser, TrainConfig, "train.", skip=NOT_FLAGS + ("algo",))
+    parser.add_argument("--algo", dest="algo_name", default=algorithm.name,
+                        help=f"the algorithm: one of {', '.join(algos.names())} "
+                             "(default: ppo)")
+    add_config_flags(parser, algorithm.config_type, "algo.",
+                     title=f"{algorithm.name} ({algorithm.summary or 'hyperparameters'})")
 
 
 def cmd_train_rllib(args: argparse.Namespace) -> int:
@@ -647,8 +712,21 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "trains RLlib's algorithms instead (see --engine rllib --help).")
         run.add_argument("--engine", choices=["jax", "rllib"], default="jax",
                          help="jax: the workbench's own learners (default); rllib: RLlib's")
+        run.add_argument("--check-fit", action="store_true",
+                         help="first compile the learner for the TPU slice (needs libtpu: "
+                              "pip install 'tpu-rl-workbench[tpu]') and refuse a run that "
+                              "does not fit its chips' HBM, before any cluster starts")
         _sweep_and_train_options(run, algorithm)
         run.set_defaults(func=cmd_train)
+
+    plan = sub.add_parser(
+        "plan", help="compile a run's learner for a TPU slice without one: does it fit?",
+        description="Plan a run as train would and compile its learner's programs for the "
+                    "TPU slice with libtpu (pip install 'tpu-rl-workbench[tpu]'), on any "
+                    "machine: HBM per chip against the chip's, and one update's FLOPs, bytes "
+                    "and roofline time. Takes train's flags; no cluster starts.")
+    _plan_options(plan, algorithm)
+    plan.set_defaults(func=cmd_plan)
 
     sweep = sub.add_parser(
         "sweep", help="many seeds and a grid of hyperparameters in one program",

@@ -61,12 +61,16 @@ class BatchLearner(ChipLearner):
     host_rollouts = True
     env_kind = "gymnasium"
 
-    def __init__(self, setup: LearnerSetup, source: TrajectorySource) -> None:
+    def __init__(self, setup: LearnerSetup, source: TrajectorySource | None, *,
+                 devices=None, abstract: bool = False) -> None:
+        """Build the update over the mesh (see :class:`ChipLearner` for ``devices`` and
+        ``abstract``); ``source`` gives the batches (None for a learner that only
+        compiles)."""
         import jax
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
-        super().__init__(setup)
+        super().__init__(setup, devices=devices, abstract=abstract)
         self.source = source
         self.lag = setup.policy_lag
         self._pending: deque = deque()
@@ -101,9 +105,9 @@ class BatchLearner(ChipLearner):
         spaces = self.setup.agent.spaces
         T, N = self.setup.rollout_length, self.setup.envs_per_chip * num_chips
         obs = jax.ShapeDtypeStruct((N, *spaces.obs_shape), jnp.float32)
-        policy = jax.eval_shape(self.agent.policy, jax.eval_shape(self.agent.init,
-                                                                  jax.random.PRNGKey(0)))
-        actions, extras = jax.eval_shape(self.agent.act, policy, obs, jax.random.PRNGKey(0))
+        key = jax.eval_shape(jax.random.PRNGKey, 0)  # a shape: nothing runs
+        policy = jax.eval_shape(self.agent.policy, jax.eval_shape(self.agent.init, key))
+        actions, extras = jax.eval_shape(self.agent.act, policy, obs, key)
 
         def over_time(x):
             return jax.ShapeDtypeStruct((T, *x.shape), x.dtype)
@@ -115,7 +119,7 @@ class BatchLearner(ChipLearner):
             truncated=flags, valid=flags, extras=jax.tree.map(over_time, extras), last_obs=obs,
         )
 
-    def _lower(self):
+    def _trace_update(self):
         import jax
 
         shapes = self._trajectory_shapes(self.num_chips)
@@ -125,7 +129,7 @@ class BatchLearner(ChipLearner):
             lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
             shapes, shardings,
         )
-        return self._update.lower(self.state, abstract, self._update_key(),
+        return self._update.trace(self.state, abstract, self._update_key(),
                                   self._requests(False, False))
 
     def _request(self, policy, for_update: int) -> None:

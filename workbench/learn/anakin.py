@@ -107,12 +107,15 @@ class AnakinLearner(ChipLearner):
 
     env_kind = "jax"
 
-    def __init__(self, setup: LearnerSetup, source=None) -> None:
+    def __init__(self, setup: LearnerSetup, source=None, *, devices=None,
+                 abstract: bool = False) -> None:
+        """Build the learner's programs and its chips' envs (see :class:`ChipLearner` for
+        ``devices`` and ``abstract``; an abstract learner's envs are shapes on the mesh)."""
         import jax
         from jax.sharding import PartitionSpec as P
 
         del source  # Anakin mode steps its own envs
-        super().__init__(setup)
+        super().__init__(setup, devices=devices, abstract=abstract)
         env = setup.jax_env()
         self.env = env
         self.steps_per_update = setup.envs_per_chip * setup.rollout_length * self.num_chips
@@ -141,7 +144,7 @@ class AnakinLearner(ChipLearner):
             donate_argnums=(0, 1),
         )
         envs_per_chip = setup.envs_per_chip
-        make_carry = jax.jit(
+        self._make_carry = jax.jit(
             jax.shard_map(
                 lambda key: init_envs(
                     env, jax.random.fold_in(key, jax.lax.axis_index(AXIS)), envs_per_chip
@@ -154,10 +157,22 @@ class AnakinLearner(ChipLearner):
         # Each chip's envs: the run's env key folded with the chip's index. Through the
         # compile cache like the state's initialisation: a few seconds in every rank.
         envs_key = self._replicate(self.keys.envs)
-        self.carry = load_or_compile(make_carry.lower(envs_key))(envs_key)
+        if abstract:
+            self.carry = self._shaped(jax.eval_shape(self._make_carry, envs_key),
+                                      self._per_chip)
+        else:
+            self.carry = load_or_compile(self._trace_envs().lower())(envs_key)
 
-    def _lower(self):
-        return self._step.lower(self.state, self.carry, self._update_key(),
+    def programs(self) -> dict:
+        """The state's and the envs' initialisation, and the rollout-and-update step."""
+        return {"init": self._trace_init, "init_envs": self._trace_envs,
+                "update": self._trace_update}
+
+    def _trace_envs(self):
+        return self._make_carry.trace(self._replicate(self.keys.envs))
+
+    def _trace_update(self):
+        return self._step.trace(self.state, self.carry, self._update_key(),
                                 self._requests(False, False))
 
     def step(self, stop: bool = False, checkpoint: bool = False) -> StepOutcome:

@@ -5,6 +5,12 @@ layer as one Ray actor per chip, after ``jax.distributed`` has joined every chip
 its mesh spans the whole slice and the same update keeps every chip equal. Both modes
 (:mod:`workbench.learn.actors_mode`, :mod:`workbench.learn.anakin`) expose the same
 ``compile()`` and ``step(stop)``, so the layer above never asks which mode it runs.
+
+The same learner can also be built over a given list of devices without running anything
+(``abstract=True``): its state, environments and inputs are then shapes with shardings, and
+its programs (:meth:`ChipLearner.programs`) lower for those devices. This is how the
+programs a TPU slice would run are compiled on a machine without one
+(:mod:`workbench.learn.ahead`).
 """
 
 from __future__ import annotations
@@ -110,26 +116,47 @@ class ChipLearner:
     env_kind: ClassVar[str] = "gymnasium"
     """``gymnasium`` (any registered id) or ``jax`` (a JAX environment, on the chip)."""
 
-    def __init__(self, setup: LearnerSetup) -> None:
+    def __init__(self, setup: LearnerSetup, *, devices: Sequence | None = None,
+                 abstract: bool = False) -> None:
+        """Build the mesh, the agent and its state.
+
+        Args:
+            setup: what the learner learns, the same on every chip.
+            devices: the mesh's devices, in mesh order; None: every device of the JAX
+                process group (``jax.devices()``), as on the slice.
+            abstract: build without running anything: the state (and a mode's envs) are
+                ``jax.ShapeDtypeStruct`` leaves with their shardings, so ``devices`` may be
+                compile-only ones (a TPU topology's, see :mod:`workbench.tpu.targets`).
+                Only :meth:`programs` is of use then: such a learner cannot step.
+        """
         import jax
         from jax.sharding import Mesh, NamedSharding
         from jax.sharding import PartitionSpec as P
 
         self.setup = setup
-        self.mesh = Mesh(np.array(jax.devices()), (AXIS,))
+        self.abstract = abstract
+        self.mesh = Mesh(np.array(jax.devices() if devices is None else list(devices)),
+                         (AXIS,))
         self.num_chips = self.mesh.size
         self._replicated = NamedSharding(self.mesh, P())
         self._per_chip = NamedSharding(self.mesh, P(AXIS))
         self.agent = setup.agent.build()
-        self.keys = run_keys.run_keys(setup.seed)
+        # NOTE: an abstract learner keeps only the keys' shapes: every key is an argument of
+        # the programs, so they lower the same without a value.
+        self.keys = (jax.eval_shape(run_keys.run_keys, setup.seed) if abstract
+                     else run_keys.run_keys(setup.seed))
         self._program_identity = program_identity(setup)
         self.chip_update = sync.chip_update(self.agent.update, setup.sync, AXIS)
         self.check_replication = sync.checks_replication(setup.sync)
         # Initialising an orthogonal network compiles for seconds: cached like the update,
         # and the key is an argument, so every seed shares one program.
-        make_state = jax.jit(self.agent.init, out_shardings=self._replicated)
+        self._make_state = jax.jit(self.agent.init, out_shardings=self._replicated)
         key = self._replicate(self.keys.params)
-        self.state = load_or_compile(self._lowered("init", lambda: make_state.lower(key)))(key)
+        if abstract:
+            self.state = self._shaped(jax.eval_shape(self.agent.init, key), self._replicated)
+        else:
+            self.state = load_or_compile(
+                self._lowered("init", lambda: self._trace_init().lower()))(key)
         # Kept on the host too, so the per-update key needs no device read.
         self._updates = 0
         self._compiled = None
@@ -137,17 +164,42 @@ class ChipLearner:
     # ---- the mode interface -------------------------------------------------------------
 
     def compile(self) -> float:
-        """Compile the update ahead of the first step; returns the seconds it took."""
+        """Compile the update ahead of the first step; returns the seconds it took.
+
+        Raises:
+            RuntimeError: an abstract learner (its programs compile through
+                :meth:`programs` instead, for devices that need not be here).
+        """
+        if self.abstract:
+            raise RuntimeError("an abstract learner runs nothing: lower its programs "
+                               "through programs() (see workbench.learn.ahead).")
         started = time.perf_counter()
         if self._compiled is None:
             self._compiled = load_or_compile(self._lowered("update", self._lower))
         return time.perf_counter() - started
 
+    def programs(self) -> dict[str, Callable[[], Any]]:
+        """Every program this learner runs, by name, in the order it runs them, each as a
+        function that traces it (a ``jax.stages.Traced``; ``.lower()`` lowers it) for this
+        learner's mesh with the arguments a run gives it: ``init`` (the state), a mode's
+        own set-up programs, then ``update``."""
+        return {"init": self._trace_init, "update": self._trace_update}
+
+    def _trace_init(self):
+        return self._make_state.trace(self._replicate(self.keys.params))
+
+    def _trace_update(self):
+        raise NotImplementedError
+
+    def _lower(self):
+        """The update, lowered (what :meth:`compile` compiles)."""
+        return self._trace_update().lower()
+
     def _lowered(self, what: str, lower: Callable[[], Any]):
         """``lower()``, or what it gave a learner of this process built from the same setup
         but for the seed (every key is an argument, so the programs are the same): a
         learner kept warm skips tracing its programs again."""
-        if self._program_identity is None:
+        if self._program_identity is None or self.abstract:
             return lower()
         key = (type(self).__qualname__, what, self.num_chips, self._program_identity)
         return kept_in_memory(_lowered_programs, key, lower, LOWERED_KEPT)
@@ -169,9 +221,6 @@ class ChipLearner:
         """Take back what :meth:`resume_state` gave (its leaves, by name); False if it does
         not fit this learner (another slice shape), which then starts its envs afresh."""
         return not resume
-
-    def _lower(self):
-        raise NotImplementedError
 
     # ---- state ------------------------------------------------------------------------
 
@@ -216,19 +265,37 @@ class ChipLearner:
 
     # ---- helpers for the modes --------------------------------------------------------
 
+    @staticmethod
+    def _shaped(tree, sharding):
+        """``tree``'s leaves as shapes and dtypes placed with ``sharding`` (abstract)."""
+        import jax
+
+        return jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree
+        )
+
     def _replicate(self, value):
         import jax
 
+        if self.abstract:
+            return self._shaped(value, self._replicated)
         return jax.make_array_from_process_local_data(self._replicated, np.asarray(value))
 
     def _update_key(self):
         """The same key on every chip for this update."""
+        if self.abstract:
+            import jax
+
+            return self._replicate(jax.eval_shape(run_keys.update_key, self.keys, 0))
         return self._replicate(run_keys.update_key(self.keys, self._updates))
 
     def _requests(self, stop: bool, checkpoint: bool):
         """This chip's request flags, as the sync strategy takes them (one row per chip)."""
         import jax
 
+        if self.abstract:
+            return jax.ShapeDtypeStruct((self.num_chips, len(sync.REQUESTS)), np.int32,
+                                        sharding=self._per_chip)
         return jax.make_array_from_process_local_data(
             self._per_chip, np.asarray([[int(stop), int(checkpoint)]], np.int32)
         )

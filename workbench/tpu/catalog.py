@@ -37,19 +37,25 @@ class Generation:
     """Largest slice that one host (VM) carries whole."""
     dims: int
     """2 for the 2D-torus generations, 3 for the 3D ones."""
+    hbm_gbps_per_chip: float
+    """HBM bandwidth per chip, GB/s (10^9 bytes per second)."""
 
 
 # Per-chip figures from Google Cloud's public TPU system-architecture pages
 # (cloud.google.com/tpu/docs/v4, /v5e, /v5p, /v6e, /tpu7x), read 2026-12.
 # v7x (Ironwood) is listed at 4,614 dense FP8 TFLOP/s; bf16 is half of that.
+# HBM bandwidth per chip, from the same pages' tables: v4 "HBM2 capacity and bandwidth
+# 32 GiB, 1200 GBps", v5e "16 GB, 819 GBps", v5p "HBM2e 95 GB, 2765 GBps", v6e "HBM
+# bandwidth per chip 1638 GBps" (1,640 in earlier versions of the page); v7x 7,370 GB/s
+# from the TPU7x page's comparison table (not re-read here).
 GENERATIONS: dict[str, Generation] = {
     g.name: g
     for g in (
-        Generation("v4", "v4", 2, 32.0, 275.0, "tpu-v4-podslice", 4, 3),
-        Generation("v5e", "v5litepod", 1, 16.0, 197.0, "tpu-v5-lite-podslice", 8, 2),
-        Generation("v5p", "v5p", 2, 95.0, 459.0, "tpu-v5p-slice", 4, 3),
-        Generation("v6e", "v6e", 1, 32.0, 918.0, "tpu-v6e-slice", 8, 2),
-        Generation("v7x", "v7x", 2, 192.0, 2307.0, "tpu7x", 4, 3),
+        Generation("v4", "v4", 2, 32.0, 275.0, "tpu-v4-podslice", 4, 3, 1200.0),
+        Generation("v5e", "v5litepod", 1, 16.0, 197.0, "tpu-v5-lite-podslice", 8, 2, 819.0),
+        Generation("v5p", "v5p", 2, 95.0, 459.0, "tpu-v5p-slice", 4, 3, 2765.0),
+        Generation("v6e", "v6e", 1, 32.0, 918.0, "tpu-v6e-slice", 8, 2, 1638.0),
+        Generation("v7x", "v7x", 2, 192.0, 2307.0, "tpu7x", 4, 3, 7370.0),
     )
 }
 
@@ -161,6 +167,7 @@ class SliceShape:
             "hbm_gib_total": self.hbm_gib,
             "peak_bf16_tflops_per_chip": self.generation.peak_bf16_tflops_per_chip,
             "peak_bf16_tflops_total": self.peak_bf16_tflops,
+            "hbm_gbps_per_chip": self.generation.hbm_gbps_per_chip,
             "gke_node_selector": self.gke_node_selector,
         }
 
