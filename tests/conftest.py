@@ -23,6 +23,21 @@ SESSION_SLICES = [("v6e", "4x4"), ("v6e", "2x4"), ("v6e", "2x2"), ("v6e", "2x2")
 
 
 @pytest.fixture(scope="session", autouse=True)
+def libtpu_writes_no_logs():
+    """libtpu (installed for the TPU-compile tests) writes its logs to the machine's
+    /tmp/tpu_logs unless told otherwise, even in a CPU process that only looks for chips;
+    every Ray node started later links that folder and streams it to its drivers. Nothing
+    the tests start writes there."""
+    previous = os.environ.get("TPU_LOG_DIR")
+    os.environ["TPU_LOG_DIR"] = "disabled"
+    yield
+    if previous is None:
+        os.environ.pop("TPU_LOG_DIR", None)
+    else:
+        os.environ["TPU_LOG_DIR"] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
 def runs_folder(tmp_path_factory):
     """Runs get their folders (checkpoints, records) here, not in the checkout; every
     process the tests start (CLIs, kernels) inherits it."""

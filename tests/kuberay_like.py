@@ -52,8 +52,12 @@ class KubeRayLikeCluster:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("TPU_", "RAY_ADDRESS", "RAY_ENABLE_WINDOWS"))}
         # No token authentication (KubeRay's default), whatever an earlier run left.
+        # TPU_LOG_DIR: as on a TPU pod, the node's libtpu log folder is its own (Ray streams
+        # it to drivers), not the machine's shared /tmp/tpu_logs.
+        tpu_logs = self.temp_dir / "tpu_logs"
+        tpu_logs.mkdir(exist_ok=True)
         env.update({"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-                    "JAX_PLATFORMS": "cpu", **(extra or {})})
+                    "JAX_PLATFORMS": "cpu", "TPU_LOG_DIR": str(tpu_logs), **(extra or {})})
         return env
 
     def _ports(self) -> list[str]:

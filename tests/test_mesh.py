@@ -30,8 +30,9 @@ from workbench.tpu.process_env import chip_layout
 RAYS_ONE_CHIP_BOUNDS = ("TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
 
 
-# JAX itself sets this on a machine without TPU chips (jax/_src/cloud_tpu_init.py).
-SET_BY_JAX = ("TPU_SKIP_MDS_QUERY",)
+# Set by JAX and libtpu themselves, not by the workbench: JAX on a machine without TPU
+# chips (jax/_src/cloud_tpu_init.py), libtpu's package when it is imported (libtpu/__init__).
+SET_BY_JAX = ("TPU_SKIP_MDS_QUERY", "TPU_LIBRARY_PATH")
 
 
 def _final_environment(report) -> dict[str, str]:

@@ -85,6 +85,12 @@ class Simulator:
         self.hosts: list[_Host] = []
         self.shapes: dict[str, SliceShape] = {}
         self._slice_counter = 0
+        # NOTE: a Ray node links the folder in TPU_LOG_DIR (else the machine's
+        # /tmp/tpu_logs) into its logs, and Ray streams those files to every driver: any
+        # libtpu that ever ran on this machine would flood the notebook. The simulated
+        # nodes get an empty folder of their own instead (their JAX runs on the CPU).
+        self.tpu_log_dir = os.path.join(self.temp_dir, "tpu_logs")
+        os.makedirs(self.tpu_log_dir, exist_ok=True)
         self._start_head(int(spec.get("head_cpus", 2)))
 
     def _node(self, head: bool, num_cpus: int, resources: dict[str, float], env: dict[str, str]):
@@ -114,6 +120,7 @@ class Simulator:
         for key in TPU_ENV_KEYS + ("JAX_PLATFORMS",):
             os.environ.pop(key, None)
         os.environ.update(env)
+        os.environ["TPU_LOG_DIR"] = self.tpu_log_dir
         try:
             return self._start_node(params, head)
         finally:

@@ -152,8 +152,11 @@ def compile_only_environment(shape: SliceShape) -> dict[str, str]:
     server is not asked, and the host is named as the target's own (what is compiled comes
     from the topology asked for, not from these; compiled sizes are the same without them).
     """
+    # TPU_LOG_DIR: libtpu would otherwise log to /tmp/tpu_logs, which every Ray node on the
+    # machine links into its logs and streams to every driver (ray/_private/node.py).
     return {"ALLOW_MULTIPLE_LIBTPU_LOAD": "true", "TPU_SKIP_MDS_QUERY": "1",
-            "TPU_ACCELERATOR_TYPE": shape.pod_type, "TPU_WORKER_HOSTNAMES": "localhost"}
+            "TPU_ACCELERATOR_TYPE": shape.pod_type, "TPU_WORKER_HOSTNAMES": "localhost",
+            "TPU_LOG_DIR": "disabled"}
 
 
 @contextlib.contextmanager
