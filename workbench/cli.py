@@ -443,22 +443,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _plan_options(parser: argparse.ArgumentParser, algorithm) -> None:
     """``plan``'s options: the slice, and the run's fields as ``train`` takes them."""
-    from workbench import algos
-    from workbench.engine import TrainConfig
-
     parser.add_argument("--generation", help="TPU generation (default: v6e)")
     parser.add_argument("--topology", help="slice topology (default: 2x2)")
-    parser.add_argument("--layout", choices=["host", "chip"], default="host",
-                        help="JAX processes per host (host) or per chip (chip): the compiled "
-                             "programs are the same (default: host)")
+    parser.add_argument("--layout", choices=["chip", "host"], default="chip",
+                        help="JAX processes per chip (chip, how runs place learners) or per "
+                             "host: the compiled programs are the same (default: chip)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--config", help="a YAML or JSON file of the run's fields")
-    add_config_flags(parser, TrainConfig, "train.", skip=NOT_FLAGS + ("algo",))
-    parser.add_argument("--algo", dest="algo_name", default=algorithm.name,
-                        help=f"the algorithm: one of {', '.join(algos.names())} "
-                             "(default: ppo)")
-    add_config_flags(parser, algorithm.config_type, "algo.",
-                     title=f"{algorithm.name} ({algorithm.summary or 'hyperparameters'})")
+    _run_options(parser, algorithm)
 
 
 def cmd_train_rllib(args: argparse.Namespace) -> int:
@@ -642,10 +633,16 @@ def _slice_options(parser: argparse.ArgumentParser) -> None:
 def _sweep_and_train_options(parser: argparse.ArgumentParser, algorithm) -> None:
     """The options ``train`` and ``sweep`` share: the slice, the cluster, the run's config
     (a file and a flag per field) and the algorithm's fields."""
+    _slice_options(parser)
+    _run_options(parser, algorithm)
+
+
+def _run_options(parser: argparse.ArgumentParser, algorithm) -> None:
+    """The run's config as flags: a file, a flag per ``TrainConfig`` field, the algorithm
+    and a flag per field of its config (``train``, ``sweep`` and ``plan`` take them)."""
     from workbench import algos
     from workbench.engine import TrainConfig
 
-    _slice_options(parser)
     parser.add_argument("--config", help="a YAML or JSON file of the run's fields")
     add_config_flags(parser, TrainConfig, "train.", skip=NOT_FLAGS + ("algo",))
     parser.add_argument("--algo", dest="algo_name", default=algorithm.name,

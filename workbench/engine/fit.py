@@ -189,7 +189,7 @@ def fit_report(shape: SliceShape, config: TrainConfig, sync: str, footprints: di
 
 
 def plan_fit(shape: SliceShape | tuple[str, str], config: TrainConfig, *,
-             layout: str = "host") -> FitReport:
+             layout: str = "chip") -> FitReport:
     """Plan ``config`` for a TPU slice of ``shape`` and compile its learner's programs for
     that slice's chips, without reserving anything: does it fit, and what does an update
     cost?
@@ -241,7 +241,7 @@ def _plan_fit_on_cpu(shape: SliceShape, config: TrainConfig, layout: str) -> Fit
 
 
 def plan_fit_isolated(shape: SliceShape | tuple[str, str], config: TrainConfig, *,
-                      layout: str = "host") -> FitReport:
+                      layout: str = "chip") -> FitReport:
     """:func:`plan_fit` in a fresh CPU-only process, which ends with the answer.
 
     For a driver about to train: its own JAX stays as it was (no backend started, nothing
