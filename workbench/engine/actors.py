@@ -142,12 +142,6 @@ class ChipLearnerActor:
             coordinator_port=free_port(host),
         )
 
-    def platform(self) -> str:
-        """The JAX platform of this host (``cpu`` on the simulated slice)."""
-        from workbench.learn.platform import current_platform
-
-        return current_platform()
-
     def join(self, shape, timeout_s: float, *processes) -> JoinReport:
         """Take this process's TPU environment from the slice's ``processes`` (what
         :meth:`describe_process` gave on every chip), join the group, start the backend

@@ -46,15 +46,26 @@ def wait_for_joins(joins: list, timeout_s: float, slice_label: str) -> list:
     one mesh of the slice's chips; returns their :class:`~workbench.engine.actors.JoinReport`.
 
     Raises:
+        As :func:`collect_joins`, and MeshMismatchError: they joined, but some rank sees
+        another mesh; names what each rank saw.
+    """
+    from workbench.learn.joined_mesh import check_views
+
+    reports = collect_joins(joins, timeout_s)
+    check_views([report.mesh for report in reports], slice_label)
+    return reports
+
+
+def collect_joins(joins: list, timeout_s: float) -> list:
+    """Every join's :class:`~workbench.engine.actors.JoinReport`, unchecked (``workbench
+    doctor --mesh`` shows a wrong mesh instead of refusing it).
+
+    Raises:
         DistributedStartError: naming the ranks that did not join in time.
         ProcessLayoutError: the processes do not make one slice (a chip missing or given
             twice, a port clash), said once.
-        MeshMismatchError: they joined, but some rank sees another mesh; names what each
-            rank saw.
     """
     import ray
-
-    from workbench.learn.joined_mesh import check_views
 
     ready, _ = ray.wait(joins, num_returns=len(joins), timeout=timeout_s + 30)
     missing = [rank for rank, ref in enumerate(joins) if ref not in ready]
@@ -70,5 +81,4 @@ def wait_for_joins(joins: list, timeout_s: float, slice_label: str) -> list:
         if isinstance(error.cause, ProcessLayoutError):
             raise error.cause from None
         raise
-    check_views([report.mesh for report in reports], slice_label)
     return reports

@@ -12,10 +12,9 @@ import time
 from dataclasses import dataclass
 
 from workbench.engine.actors import ChipLearnerActor
-from workbench.engine.chip_group import issue_joins, start_chip_actors
+from workbench.engine.chip_group import collect_joins, issue_joins, start_chip_actors
 from workbench.engine.cluster_state import kill_and_wait
 from workbench.learn.joined_mesh import MeshView
-from workbench.learn.platform import DistributedStartError
 
 
 @dataclass(frozen=True)
@@ -89,12 +88,7 @@ def check_mesh(generation: str, topology: str, timeout_s: float = 120.0,
     try:
         actors = start_chip_actors(tpu_slice, ChipLearnerActor, f"{tpu_slice.name}:doctor")
         joins = issue_joins(actors, tpu_slice.shape, timeout_s)
-        ready, _ = ray.wait(joins, num_returns=len(joins), timeout=timeout_s + 30)
-        missing = [rank for rank, ref in enumerate(joins) if ref not in ready]
-        if missing:
-            raise DistributedStartError(
-                f"ranks {missing} did not join within {timeout_s:g} s")
-        views = tuple(report.mesh for report in ray.get(joins))
+        views = tuple(report.mesh for report in collect_joins(joins, timeout_s))
         if not any(view.problems for view in views):
             psums = tuple(PsumCheck(rank, *answer) for rank, answer in enumerate(
                 ray.get([a.time_psum.remote() for a in actors], timeout=timeout_s)))
